@@ -1,0 +1,3 @@
+from dspark_hotfix.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""The hook registry: when to patch, how, and what happened.
+
+Interpreter start only inserts :class:`VllmImportWatcher`, a meta-path finder
+of a few lines (no ``importlib.abc`` base class: importing it pulls in
+``pathlib`` and ``re``). The first ``import vllm`` makes it import wrapt and
+register one post-import hook per patch; each hook fires when vLLM imports the
+patch's module, or at once if that module is already imported.
+
+The failure policy lives here and only here: a patch that cannot be applied is
+reported in ``status()`` and logged once, and vLLM goes on unpatched; with
+``DSPARK_HOTFIX_STRICT=1`` the import stops with :class:`HotfixError`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dspark_hotfix import config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from dspark_hotfix.patches import Patch
+
+PENDING = "pending"  # the target module is not imported yet
+INSTALLED = "installed"  # vLLM's function is wrapped
+NOT_NEEDED = "not_needed"  # the running vLLM is already right: left untouched
+DISABLED = "disabled"  # switched off (or uninstalled)
+FAILED = "failed"  # the target was imported but the patch could not be applied
+
+
+class HotfixError(RuntimeError):
+    """Strict mode: a patch could not be applied (or its correction failed)."""
+
+
+class _Record:
+    """One patch in this process."""
+
+    __slots__ = ("corrections", "detail", "original", "owner", "patch", "state", "warned", "wrapper")
+
+    def __init__(self, patch: Patch, state: str, detail: str) -> None:
+        self.patch = patch
+        self.state = state
+        self.detail = detail
+        self.corrections = 0
+        self.owner: Any = None
+        self.original: Any = None
+        self.wrapper: Any = None
+        self.warned = False
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.settings: config.Settings | None = None
+        self.records: dict[str, _Record] = {}
+        self.active = False
+        self.activated_by: str | None = None
+        self.sources: list[str] = []
+        self.watcher: VllmImportWatcher | None = None
+        self.generation = 0
+
+
+_registry = _Registry()
+
+
+def settings() -> config.Settings:
+    """The switches of this process, read once."""
+    if _registry.settings is None:
+        _registry.settings = config.Settings()
+    return _registry.settings
+
+
+def _log() -> Any:
+    from dspark_hotfix._log import logger
+
+    return logger(settings().level)
+
+
+class VllmImportWatcher:
+    """Notices the first ``import vllm`` and arranges the hooks then.
+
+    It never finds a module itself; it stays on ``sys.meta_path`` (removing a
+    finder while the import system iterates that list would skip the next one).
+    """
+
+    __slots__ = ("fired",)
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname == "vllm" and not self.fired:
+            self.fired = True
+            _activate()
+        return None
+
+
+def install(source: str = "api") -> None:
+    """Arrange for every enabled patch to be applied; idempotent.
+
+    ``source`` records which activation path ran (``sitecustomize``,
+    ``vllm-plugin`` or ``api``). Cheap until vLLM is imported: see
+    :func:`status` for what happened.
+    """
+    reg = _registry
+    reg.sources.append(source)
+    current = settings()
+    if current.problems and len(reg.sources) == 1:
+        for problem in current.problems:
+            _log().warning(problem)
+    if not current.enabled or reg.active or reg.watcher is not None:
+        return
+    reg.activated_by = source
+    if "vllm" in sys.modules:
+        _activate()
+    else:
+        reg.watcher = VllmImportWatcher()
+        sys.meta_path.insert(0, reg.watcher)
+
+
+def _activate() -> None:
+    reg = _registry
+    if reg.active:
+        return
+    reg.active = True
+    try:
+        from dspark_hotfix.patches import ALL
+
+        selected, problems = settings().selection(p.name for p in ALL)
+        for problem in problems:
+            _log().warning(problem)
+        reg.records = {
+            p.name: _Record(p, PENDING, f"waiting for {p.module}")
+            if p.name in selected
+            else _Record(p, DISABLED, f"excluded by {config.PATCHES}")
+            for p in ALL
+        }
+        import wrapt
+    except ImportError as exc:
+        for record in reg.records.values():
+            if record.state == PENDING:
+                record.state, record.detail = FAILED, f"wrapt is not importable ({exc})"
+        _log().warning(
+            "not active: %s. Install wrapt>=2 where vLLM runs; vLLM runs unpatched.", exc
+        )
+        return
+    except Exception as exc:  # the shim must never break `import vllm`
+        _log().warning("not active: %s: %s; vLLM runs unpatched.", type(exc).__name__, exc)
+        return
+    generation = reg.generation
+    for record in reg.records.values():
+        if record.state == PENDING:
+            wrapt.register_post_import_hook(_hook(record, generation), record.patch.module)
+
+
+def _hook(record: _Record, generation: int) -> Any:
+    def on_import(module: Any) -> None:
+        # wrapt runs hooks once per registration; an uninstall since then
+        # bumps the generation and turns this one into a no-op.
+        if generation != _registry.generation or record.state != PENDING:
+            return
+        try:
+            _apply(record, module)
+        except HotfixError:
+            raise
+        except Exception as exc:
+            _fail(record, f"{type(exc).__name__}: {exc}")
+
+    return on_import
+
+
+def _fail(record: _Record, why: str) -> None:
+    patch = record.patch
+    record.state, record.detail = FAILED, why
+    remedy = (
+        f"this vLLM build differs from what {patch.name} expects; check "
+        f"`dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
+    )
+    if settings().strict:
+        raise HotfixError(f"{patch.name}: cannot patch {patch.target}: {why} ({remedy})")
+    _log().warning("%s: not applied to %s: %s; vLLM runs unpatched (%s)", patch.name, patch.target, why, remedy)
+
+
+def _apply(record: _Record, module: Any) -> None:
+    import inspect
+
+    import wrapt
+
+    from dspark_hotfix.patches import PatchUnavailable
+
+    patch = record.patch
+    class_name, _, method = patch.qualname.partition(".")
+    owner = getattr(module, class_name, None)
+    if not isinstance(owner, type):
+        return _fail(record, f"{module.__name__} has no class {class_name}")
+    original = owner.__dict__.get(method)
+    if original is None or not callable(original):
+        return _fail(record, f"{class_name} defines no method {method}")
+    try:
+        params = tuple(inspect.signature(original).parameters)
+    except (TypeError, ValueError) as exc:
+        return _fail(record, f"cannot read the signature of {patch.qualname}: {exc}")
+    if params != patch.parameters:
+        return _fail(
+            record,
+            f"unexpected signature {patch.qualname}({', '.join(params)}); "
+            f"expected ({', '.join(patch.parameters)})",
+        )
+    try:
+        patch.prepare(module)
+    except PatchUnavailable as exc:
+        return _fail(record, str(exc))
+    verdict = patch.probe(original)
+    if verdict.needed is False:
+        record.state, record.detail = NOT_NEEDED, verdict.detail
+        _log().info("%s: %s; %s left untouched", patch.name, verdict.detail, patch.target)
+        return None
+    wrapper = wrapt.FunctionWrapper(original, _corrector(record))
+    setattr(owner, method, wrapper)
+    record.owner, record.original, record.wrapper = owner, original, wrapper
+    record.state, record.detail = INSTALLED, verdict.detail
+    _log().info("%s: patched %s in pid %d: %s", patch.name, patch.target, os.getpid(), verdict.detail)
+    return None
+
+
+def _corrector(record: _Record) -> Any:
+    correct = record.patch.correct
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        try:
+            fixed = correct(instance, args, kwargs, result)
+        except Exception as exc:
+            _correction_failed(record, exc)
+            return result
+        if fixed is not result:
+            record.corrections += 1
+            if record.corrections == 1:
+                _first_correction(record, result, fixed)
+        return fixed
+
+    return wrapper
+
+
+def _first_correction(record: _Record, before: Any, after: Any) -> None:
+    try:
+        what = record.patch.describe(before, after)
+    except Exception as exc:
+        what = f"(cannot describe: {exc})"
+    _log().info("%s: first correction in pid %d: %s", record.patch.name, os.getpid(), what)
+
+
+def _correction_failed(record: _Record, exc: Exception) -> None:
+    why = f"correction raised {type(exc).__name__}: {exc}"
+    if settings().strict:
+        raise HotfixError(f"{record.patch.name}: {why}; vLLM's own result was not changed") from exc
+    if not record.warned:
+        record.warned = True
+        record.detail = f"{record.detail}; {why} (vLLM's own result returned)"
+        _log().warning("%s: %s; vLLM's own result is returned", record.patch.name, why)
+
+
+def uninstall() -> list[dict[str, Any]]:
+    """Put vLLM's original functions back and stop watching imports."""
+    reg = _registry
+    reg.generation += 1
+    if reg.watcher is not None:
+        try:
+            sys.meta_path.remove(reg.watcher)
+        except ValueError:
+            pass
+        reg.watcher = None
+    for record in reg.records.values():
+        if record.state == INSTALLED:
+            method = record.patch.qualname.partition(".")[2]
+            if record.owner.__dict__.get(method) is record.wrapper:
+                setattr(record.owner, method, record.original)
+                record.detail = "uninstalled: vLLM's original function restored"
+            else:
+                record.detail = "uninstalled, but something else has replaced the function since"
+        if record.state != DISABLED:
+            record.state = DISABLED
+            if not record.detail.startswith("uninstalled"):
+                record.detail = "uninstalled"
+        record.owner = record.original = record.wrapper = None
+    reg.active = False
+    reg.activated_by = None
+    return status()
+
+
+def status() -> list[dict[str, Any]]:
+    """One dict per patch: name, target, state, corrections, detail, activated_by."""
+    reg = _registry
+    if not reg.records:
+        from dspark_hotfix.patches import ALL
+
+        current = settings()
+        if not current.enabled:
+            state, detail = DISABLED, f"{config.ENABLE}=0"
+        elif reg.activated_by is None:
+            state, detail = DISABLED, "not installed in this process"
+        else:
+            state, detail = PENDING, "waiting for `import vllm`"
+        return [_row(_Record(p, state, detail)) for p in ALL]
+    return [_row(record) for record in reg.records.values()]
+
+
+def _row(record: _Record) -> dict[str, Any]:
+    return {
+        "name": record.patch.name,
+        "target": record.patch.target,
+        "state": record.state,
+        "corrections": record.corrections,
+        "detail": record.detail,
+        "activated_by": _registry.activated_by,
+        "pid": os.getpid(),
+    }

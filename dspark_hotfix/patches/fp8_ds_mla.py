@@ -1,0 +1,167 @@
+"""The DeepSeek-V4 ``fp8_ds_mla`` KV-cache layout, and the spec correction both
+spec patches share.
+
+One token of the layout is 448 fp8 e4m3 NoPE values, 64 bf16 RoPE values
+(128 B), 7 UE8M0 scales (one per 64 NoPE values) and 1 pad byte: 584 bytes.
+FlashMLA reads pages padded to a multiple of 576 bytes, so a 64-slot page is
+64 x 584 = 37376 B, padded to 37440 B.
+
+vLLM's V2 GPU model runner (vllm-project/vllm PR #42890) builds a layer's KV
+view with cache dtype ``"auto"`` whenever ``spec.kv_quant_mode`` is
+``KVQuantMode.NONE``; the DeepSeek-V4 backends then give 512 bytes per token
+(the semantic head size) instead of 584, ``torch.as_strided`` accepts that
+silently over the padded pages, and FlashMLA rejects it:
+``kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from dspark_hotfix.patches.base import Patch, PatchUnavailable, Verdict
+
+CACHE_DTYPE = "fp8_ds_mla"
+BYTES_PER_TOKEN = 584
+PAGE_ALIGNMENT = 576
+MODEL_VERSION = "deepseek_v4"
+
+
+class CorrectionFailed(Exception):
+    """The rebuilt spec does not give the layout's 584 bytes per token."""
+
+
+def runner_bytes_per_token(spec: Any) -> int:
+    """Bytes per token of the KV view the V2 runner builds from ``spec``.
+
+    A spec without a quantization mode is viewed with cache dtype ``"auto"``:
+    head_size elements of the spec's dtype. Otherwise the spec's own page rule
+    decides (real page bytes over the slots one page stores).
+    """
+    if int(spec.kv_quant_mode) == 0:  # KVQuantMode.NONE in every release
+        return int(spec.head_size) * int(getattr(spec.dtype, "itemsize", 1))
+    content = getattr(spec, "state_content_size_bytes", None)  # vLLM >= 0.28
+    if content is not None:
+        return int(content)
+    slots = getattr(spec, "storage_block_size", spec.block_size)
+    return int(spec.real_page_size_bytes) // int(slots)
+
+
+def holds_layout(spec: Any, quant_mode: Any) -> bool:
+    return (
+        spec.kv_quant_mode == quant_mode
+        and getattr(spec, "cache_dtype_str", CACHE_DTYPE) == CACHE_DTYPE
+        and getattr(spec, "alignment", PAGE_ALIGNMENT) is not None
+    )
+
+
+def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -> Any:
+    """Return a DeepSeek-V4 KV-cache spec that carries the ``fp8_ds_mla`` layout.
+
+    ``spec`` is what vLLM's ``get_kv_cache_spec`` returned for a layer whose
+    cache dtype is ``layer_cache_dtype``; ``quant_mode`` is
+    ``get_kv_quant_mode("fp8_ds_mla")`` of the running vLLM. ``None``, specs of
+    other layouts and specs that already carry the layout are returned as the
+    very same object. Otherwise the spec is rebuilt with the fields its class
+    has, so that its derived page size is recomputed by vLLM's own rule.
+    """
+    if spec is None:
+        return spec
+    if layer_cache_dtype != CACHE_DTYPE and getattr(spec, "cache_dtype_str", None) != CACHE_DTYPE:
+        return spec
+    if holds_layout(spec, quant_mode):
+        return spec
+    fields = {f.name for f in dataclasses.fields(spec) if f.init}
+    changes: dict[str, Any] = {"kv_quant_mode": quant_mode}
+    if "cache_dtype_str" in fields:
+        changes["cache_dtype_str"] = CACHE_DTYPE
+    if "alignment" in fields:
+        changes["alignment"] = PAGE_ALIGNMENT
+    if "page_size_padded" in fields:
+        # Derived from the alignment in __post_init__: let vLLM recompute it.
+        changes["page_size_padded"] = None
+    if "model_version" in fields and spec.model_version is None:
+        changes["model_version"] = MODEL_VERSION
+    if "state_content_bytes" in fields and spec.state_content_bytes is None:
+        changes["state_content_bytes"] = BYTES_PER_TOKEN
+    fixed = dataclasses.replace(spec, **changes)
+    got = runner_bytes_per_token(fixed)
+    if got != BYTES_PER_TOKEN or fixed.page_size_bytes % PAGE_ALIGNMENT:
+        raise CorrectionFailed(
+            f"rebuilt {type(spec).__name__} gives {got} bytes/token and a "
+            f"{fixed.page_size_bytes}-byte page, not {BYTES_PER_TOKEN} on a "
+            f"{PAGE_ALIGNMENT}-byte alignment"
+        )
+    return fixed
+
+
+def _mode(spec: Any) -> str:
+    return str(getattr(spec.kv_quant_mode, "name", spec.kv_quant_mode))
+
+
+def uint8_dtype() -> Any:
+    torch = sys.modules.get("torch")
+    return torch.uint8 if torch is not None else "uint8"
+
+
+class SpecPatch(Patch):
+    """A DeepSeek-V4 ``get_kv_cache_spec(self, vllm_config)`` producer."""
+
+    parameters = ("self", "vllm_config")
+    quant_mode: Any = None
+
+    def layer_cache_dtype(self, layer: Any) -> str | None:
+        raise NotImplementedError
+
+    def probe_layer(self) -> Any:
+        """A stand-in ``self`` for an ``fp8_ds_mla`` layer, with the attributes
+        the released methods read (0.25.0 to 0.33.0)."""
+        raise NotImplementedError
+
+    def prepare(self, module: Any) -> None:
+        interface = sys.modules.get("vllm.v1.kv_cache_interface")
+        if interface is None:
+            import importlib
+
+            interface = importlib.import_module("vllm.v1.kv_cache_interface")
+        get_kv_quant_mode = getattr(interface, "get_kv_quant_mode", None)
+        if get_kv_quant_mode is None or not hasattr(interface, "KVQuantMode"):
+            raise PatchUnavailable(
+                "vllm.v1.kv_cache_interface has no get_kv_quant_mode/KVQuantMode"
+            )
+        self.quant_mode = get_kv_quant_mode(CACHE_DTYPE)
+
+    def probe(self, original: Any) -> Verdict:
+        config = SimpleNamespace(
+            cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE)
+        )
+        try:
+            spec = original(self.probe_layer(), config)
+            needs = spec is not None and fp8_ds_mla_spec(spec, CACHE_DTYPE, self.quant_mode) is not spec
+            width = runner_bytes_per_token(spec) if spec is not None else None
+        except Exception as exc:  # any drift in vLLM's internals: undecided
+            return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+        if spec is None:
+            return Verdict(None, "probe inconclusive (vLLM returned no spec)")
+        if needs:
+            return Verdict(
+                True,
+                f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; "
+                f"shim gives {BYTES_PER_TOKEN})",
+            )
+        return Verdict(False, f"not needed (vLLM already returns {width} bytes/token)")
+
+    def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+        if result is None:
+            return result
+        return fp8_ds_mla_spec(result, self.layer_cache_dtype(instance), self.quant_mode)
+
+    def describe(self, before: Any, after: Any) -> str:
+        return (
+            f"{type(before).__name__}: kv_quant_mode {_mode(before)} -> "
+            f"{_mode(after)}, {runner_bytes_per_token(before)} -> "
+            f"{runner_bytes_per_token(after)} bytes/token, page "
+            f"{before.page_size_bytes} -> {after.page_size_bytes} bytes"
+        )

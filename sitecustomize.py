@@ -1,0 +1,1 @@
+dspark_hotfix/startup/sitecustomize.py

@@ -1,0 +1,56 @@
+"""Replay the stand-in engine's start: draft weight loading and KV-cache warm-up.
+
+``python warmup.py`` prints one JSON object: the views each cache got, and the
+error the first failing step raised (as ``vllm serve`` would die with it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+NUM_BLOCKS = 4
+CHECKPOINT = [
+    *(f"mtp.{i}.{rest}" for i in range(3) for rest in ("attn.wkv.weight", "ffn.gate.weight")),
+    "mtp.2.norm.weight",
+    "mtp.0.main_proj.weight",
+    "mtp.2.markov_head.weight",
+    "layers.0.attn.wkv.weight",  # a target weight: not the draft's
+]
+
+
+def run() -> dict:
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention, DeepseekV4FlashMLABackend
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+    from vllm.models.deepseek_v4.nvidia.flashmla import flash_mla_with_kvcache
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
+    from vllm.v1.worker.gpu.attn_utils import kv_view_layout
+
+    report: dict = {"views": {}, "loaded": None, "error": None}
+    config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
+    draft = DSparkDeepseekV4ForCausalLM()
+    target_attn = DeepseekV4Attention(compress_ratio=4)
+    try:
+        report["loaded"] = sorted(draft.load_weights((name, None) for name in CHECKPOINT))
+        caches = {
+            "target.compressed": (target_attn.get_kv_cache_spec(config), DeepseekV4FlashMLABackend),
+            "target.swa": (target_attn.swa_cache.get_kv_cache_spec(config), DeepseekSparseSWABackend),
+        }
+        for i, layer in enumerate(draft.model.layers):
+            assert layer.attn.get_kv_cache_spec(config) is None  # SWA-only layers
+            caches[f"draft.{i}.swa"] = (layer.attn.swa_cache.get_kv_cache_spec(config), DeepseekSparseSWABackend)
+        for name, (spec, backend) in caches.items():
+            shape, stride = kv_view_layout(spec, backend, NUM_BLOCKS, "fp8_ds_mla")
+            report["views"][name] = {"shape": list(shape), "stride": list(stride), "page_bytes": spec.page_size_bytes}
+        flash_mla_with_kvcache(
+            report["views"]["draft.0.swa"]["shape"], report["views"]["target.compressed"]["shape"]
+        )
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+if __name__ == "__main__":
+    json.dump(run(), sys.stdout)
+    print()

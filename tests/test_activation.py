@@ -1,0 +1,205 @@
+"""Activation in real subprocesses: PYTHONPATH, switches, chaining, children."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, STANDIN, STATUS, last_json, run_python
+
+TARGETS = "import vllm.models.deepseek_v4.attention\n"
+WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+IS_ORIGINAL = """
+import json, types
+from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+print(json.dumps([type(c.__dict__[m]) is types.FunctionType for c, m in
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'))]))
+"""
+
+
+def test_pythonpath_activation_patches_all_three_on_import():
+    proc = run_python(TARGETS + STATUS)
+    rows = last_json(proc.stdout)
+    assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "installed")
+    assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
+    # One line per patch naming the pid, and nothing else at the default level.
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3 and all("patched" in line and "in pid" in line for line in lines)
+
+
+def test_warmup_crashes_without_the_shim_and_runs_with_it():
+    off = last_json(run_python(WARMUP, env={"DSPARK_HOTFIX": "0"}).stdout)
+    on = last_json(run_python(WARMUP).stdout)
+    assert off["error"] == (
+        "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    )
+    assert off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]
+    assert "model.layers.0.attn.wkv.weight" not in off["loaded"]
+    assert on["error"] is None
+    assert on["views"]["draft.0.swa"] == {"shape": [4, 64, 584], "stride": [37440, 584, 1], "page_bytes": 37440}
+    assert {f"model.layers.{i}.attn.wkv.weight" for i in range(3)} <= set(on["loaded"])
+
+
+def test_first_correction_is_logged_once_with_what_changed():
+    proc = run_python(WARMUP)
+    swa = [line for line in proc.stderr.splitlines() if "swa_kv_cache_spec: first correction" in line]
+    assert len(swa) == 1 and "512 -> 584 bytes/token" in swa[0]
+    assert "model.layers.43.attn.wkv.weight -> model.layers.0.attn.wkv.weight" in proc.stderr
+
+
+def test_off_means_nothing_is_wrapped_and_nothing_is_said():
+    proc = run_python(TARGETS + IS_ORIGINAL + STATUS, env={"DSPARK_HOTFIX": "0"})
+    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert originals == [True, True, True]
+    assert {r["state"] for r in rows.values()} == {"disabled"}
+    assert proc.stderr == ""
+    assert "wrapt" not in run_python(TARGETS + "import sys; print(sorted(sys.modules))",
+                                     env={"DSPARK_HOTFIX": "off"}).stdout
+
+
+def test_hooks_fire_when_installed_after_vllm_is_imported():
+    # The shim's directory is not on PYTHONPATH: no sitecustomize, a late install().
+    code = TARGETS + "import dspark_hotfix; dspark_hotfix.install()\n" + IS_ORIGINAL + STATUS
+    proc = run_python(f"import sys; sys.path.append({str(REPO)!r})\n" + code, path=(STANDIN,))
+    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert originals == [False, False, False]
+    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["activated_by"] for r in rows.values()} == {"api"}
+
+
+def test_selection_patches_only_the_named_patch():
+    rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
+    assert rows["swa_kv_cache_spec"]["state"] == "installed"
+    assert rows["remap_dspark_name"]["state"] == rows["attention_kv_cache_spec"]["state"] == "disabled"
+
+
+def test_exclusion_leaves_the_excluded_patch_alone():
+    rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}).stdout)
+    assert rows["remap_dspark_name"]["state"] == "disabled"
+    assert rows["swa_kv_cache_spec"]["state"] == "installed"
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("DSPARK_HOTFIX", "perhaps"), ("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_LOG", "loud"),
+     ("DSPARK_HOTFIX_PATCHES", "swa_kv_cache_spec,bogus")],
+)
+def test_malformed_value_warns_once_and_uses_the_default(var, value):
+    proc = run_python(TARGETS + STATUS, env={var: value})
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and var in warnings[0] and repr(value.split(",")[-1]) in warnings[0]
+    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
+
+
+@pytest.fixture
+def broken_standin(tmp_path):
+    """A copy of the stand-in whose SWA method has another signature."""
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    swa = root / "vllm/v1/attention/backends/mla/sparse_swa.py"
+    swa.write_text(swa.read_text().replace("def get_kv_cache_spec(self, vllm_config)",
+                                           "def get_kv_cache_spec(self, vllm_config, layer_idx=0)"))
+    return root
+
+
+def test_unexpected_signature_warns_and_vllm_runs_unpatched(broken_standin):
+    proc = run_python(TARGETS + STATUS, path=(REPO, broken_standin))
+    rows = last_json(proc.stdout)
+    assert rows["swa_kv_cache_spec"]["state"] == "failed"
+    assert "unexpected signature" in rows["swa_kv_cache_spec"]["detail"]
+    assert rows["attention_kv_cache_spec"]["state"] == "installed"
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "swa_kv_cache_spec" in warnings[0] and "vLLM runs unpatched" in warnings[0]
+
+
+def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(broken_standin):
+    proc = run_python(TARGETS, path=(REPO, broken_standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("dspark_hotfix.hooks.HotfixError: swa_kv_cache_spec: cannot patch ")
+    assert "DeepseekV4SWACache.get_kv_cache_spec" in last and "DSPARK_HOTFIX_PATCHES=-swa_kv_cache_spec" in last
+
+
+def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
+    )
+    proc = run_python(TARGETS + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
+                      path=(REPO, STANDIN, other))
+    assert proc.stderr.count("shadowed sitecustomize ran") == 1
+    assert proc.stdout.strip().splitlines()[-1] == "1"
+    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))["swa_kv_cache_spec"]["state"] == "installed"
+
+
+def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
+    proc = run_python(TARGETS + STATUS, path=(REPO, STANDIN, other))
+    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nValueError: broken image" in proc.stderr
+    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
+
+
+def test_spawn_children_are_each_patched():
+    code = """
+import multiprocessing as mp, json
+
+def child(_):
+    import dspark_hotfix, vllm.models.deepseek_v4.attention, os
+    return os.getpid(), [r['state'] for r in dspark_hotfix.status()]
+
+if __name__ == '__main__':
+    with mp.get_context('spawn').Pool(8) as pool:
+        print(json.dumps(pool.map(child, range(8), chunksize=1)))
+"""
+    script = REPO / ".pytest_cache" / "spawn_children.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(code)
+    proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    results = last_json(proc.stdout)
+    assert len(results) == 8
+    assert all(states == ["installed"] * 3 for _, states in results)
+    assert proc.stderr.count("swa_kv_cache_spec: patched") >= len({pid for pid, _ in results})
+
+
+@pytest.mark.parametrize("flag", ["-S", "-I"])
+def test_isolating_flags_start_cleanly_without_the_shim(flag):
+    proc = run_python("import sys; print('dspark_hotfix' in sys.modules)", flags=(flag,))
+    assert proc.stdout.strip() == "False" and proc.stderr == ""
+
+
+def test_double_install_is_idempotent():
+    code = TARGETS + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
+    proc = run_python(code + IS_ORIGINAL + STATUS)
+    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert originals == [False, False, False]
+    assert proc.stderr.count("swa_kv_cache_spec: patched") == 1
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+
+
+def test_uninstall_restores_the_original_functions_exactly():
+    code = """
+import json, dspark_hotfix
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+wrapped = S.__dict__['get_kv_cache_spec']
+original = wrapped.__wrapped__
+dspark_hotfix.uninstall()
+restored = S.__dict__['get_kv_cache_spec']
+print(json.dumps([restored is original, restored is not wrapped,
+                  [r['state'] for r in dspark_hotfix.status()]]))
+"""
+    same, changed, states = last_json(run_python(code).stdout)
+    assert same and changed and states == ["disabled"] * 3
+
+
+def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
+    proc = run_python("import sys, json; print(json.dumps(sorted(sys.modules)))", path=(REPO,))
+    loaded = set(last_json(proc.stdout))
+    assert "dspark_hotfix.hooks" in loaded  # the shim is active ...
+    assert not loaded & {"wrapt", "logging", "dspark_hotfix.patches", "importlib.abc", "typing", "inspect"}
