@@ -1,0 +1,48 @@
+"""One virtual environment per real vLLM release, built from PyPI and reused.
+
+They live outside the repository (``~/.cache/dspark-hotfix``, or
+``$DSPARK_HOTFIX_CACHE``): one takes about 2 minutes and 9.5 GB to build.
+A venv counts as ready only once its stamp file names exactly what was asked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# 0.25.0: the first release with the fix, same torch (2.11) as the reported
+# build, and the V2 runner's "auto" rule still present. 0.33.0: the newest.
+VERSIONS = ("0.25.0", "0.33.0")
+EXTRA = ("pytest>=8", "wrapt>=2")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix"))
+
+
+def ensure_venv(version: str) -> tuple[Path, float]:
+    """The venv's python for ``vllm==version``, and the seconds spent installing."""
+    venv = cache_dir() / f"venv-vllm-{version}"
+    python = venv / "bin" / "python"
+    stamp = venv / ".dspark-hotfix-ready"
+    wanted = " ".join((f"vllm=={version}", *EXTRA))
+    if stamp.exists() and stamp.read_text() == wanted and python.exists():
+        return python, 0.0
+    start = time.monotonic()
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted.split()],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"could not install vllm=={version} from PyPI into {venv} (is the registry reachable?):\n"
+            + proc.stderr[-3000:]
+        )
+    stamp.write_text(wanted)
+    return python, time.monotonic() - start
