@@ -1,32 +1,76 @@
-"""Interpreter start: install the watcher, then run the sitecustomize we shadow.
+"""Interpreter start: the import watcher, and the sitecustomize we shadow.
 
-Called by ``sitecustomize.py``. Standard library only, and it never raises:
-a start-up hook that fails would break every Python process in the image.
+Everything here runs in every Python process of a serving image, so it is the
+standard library only and as little of it as possible: no ``from __future__``,
+no ``typing``, no ``importlib.abc`` base class (importing it pulls in
+``pathlib`` and ``re``), no logging. The registry (``hooks``), wrapt and the
+patches are imported when vLLM is, and never before. Nothing here raises: a
+start-up hook that fails would break every process in the image.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 
+FALSE_WORDS = ("0", "false", "off", "no")
 
-def boot(sitecustomize_file: str) -> None:
+
+class VllmImportWatcher:
+    """A meta-path finder that notices the first ``import vllm``.
+
+    It never finds a module itself. It stays on ``sys.meta_path`` once fired:
+    removing a finder while the import system iterates that list would skip the
+    next finder.
+    """
+
+    __slots__ = ("fired", "source")
+
+    def __init__(self, source):
+        self.fired = False
+        self.source = source
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "vllm" and not self.fired:
+            self.fired = True
+            try:
+                from dspark_hotfix import hooks
+
+                hooks.activate(self.source)
+            except Exception as exc:
+                sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+        return None
+
+
+def watch(source):
+    """Insert a watcher unless one is there already; True if one was inserted."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ == "VllmImportWatcher" and getattr(finder, "source", None):
+            return False
+    sys.meta_path.insert(0, VllmImportWatcher(source))
+    return True
+
+
+def boot(sitecustomize_file):
+    """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
     try:
-        from dspark_hotfix.hooks import install
+        if os.environ.get("DSPARK_HOTFIX", "").strip().lower() not in FALSE_WORDS:
+            if "vllm" in sys.modules:  # imported by an earlier sitecustomize or .pth
+                from dspark_hotfix import hooks
 
-        install(source="sitecustomize")
+                hooks.activate("sitecustomize")
+            else:
+                watch("sitecustomize")
     except Exception as exc:
         sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
     chain(sitecustomize_file)
 
 
-def chain(sitecustomize_file: str) -> None:
+def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
     Pythons ship their own. Our directory is taken off ``sys.path`` for the
-    import and put back where it was; errors are reported the way ``site``
-    reports its own sitecustomize's, and start-up goes on.
+    import and put back as it was; errors are reported the way ``site`` reports
+    its own sitecustomize's, and start-up goes on.
     """
     here = os.path.dirname(os.path.abspath(sitecustomize_file))
     ours = sys.modules.get("sitecustomize")
@@ -46,7 +90,7 @@ def chain(sitecustomize_file: str) -> None:
             sys.modules["sitecustomize"] = ours
 
 
-def _report(exc: BaseException) -> None:
+def _report(exc):
     if sys.flags.verbose:
         sys.excepthook(type(exc), exc, exc.__traceback__)
     else:

@@ -1,9 +1,8 @@
 """The hook registry: when to patch, how, and what happened.
 
-Interpreter start only inserts :class:`VllmImportWatcher`, a meta-path finder
-of a few lines (no ``importlib.abc`` base class: importing it pulls in
-``pathlib`` and ``re``). The first ``import vllm`` makes it import wrapt and
-register one post-import hook per patch; each hook fires when vLLM imports the
+Interpreter start only inserts ``_bootstrap.VllmImportWatcher``; this module is
+imported when vLLM is. :func:`activate` imports wrapt and registers one
+post-import hook per patch; each hook fires when vLLM imports the
 patch's module, or at once if that module is already imported.
 
 The failure policy lives here and only here: a patch that cannot be applied is
@@ -16,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dspark_hotfix import config
+from dspark_hotfix import _bootstrap, config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ class _Registry:
         self.active = False
         self.activated_by: str | None = None
         self.sources: list[str] = []
-        self.watcher: VllmImportWatcher | None = None
+        self.complained = False
         self.generation = 0
 
 
@@ -78,23 +77,12 @@ def _log() -> Any:
     return logger(settings().level)
 
 
-class VllmImportWatcher:
-    """Notices the first ``import vllm`` and arranges the hooks then.
-
-    It never finds a module itself; it stays on ``sys.meta_path`` (removing a
-    finder while the import system iterates that list would skip the next one).
-    """
-
-    __slots__ = ("fired",)
-
-    def __init__(self) -> None:
-        self.fired = False
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname == "vllm" and not self.fired:
-            self.fired = True
-            _activate()
-        return None
+def _complain_once() -> None:
+    reg = _registry
+    if not reg.complained:
+        reg.complained = True
+        for problem in settings().problems:
+            _log().warning(problem)
 
 
 def install(source: str = "api") -> None:
@@ -106,18 +94,24 @@ def install(source: str = "api") -> None:
     """
     reg = _registry
     reg.sources.append(source)
-    current = settings()
-    if current.problems and len(reg.sources) == 1:
-        for problem in current.problems:
-            _log().warning(problem)
-    if not current.enabled or reg.active or reg.watcher is not None:
+    _complain_once()
+    if not settings().enabled or reg.active:
         return
-    reg.activated_by = source
     if "vllm" in sys.modules:
-        _activate()
-    else:
-        reg.watcher = VllmImportWatcher()
-        sys.meta_path.insert(0, reg.watcher)
+        activate(source)
+    elif _bootstrap.watch(source):
+        reg.activated_by = source
+
+
+def activate(source: str) -> None:
+    """Register the post-import hooks now (vLLM is being, or has been, imported)."""
+    reg = _registry
+    _complain_once()
+    if reg.active or not settings().enabled:
+        return
+    if reg.activated_by is None:
+        reg.activated_by = source
+    _activate()
 
 
 def _activate() -> None:
@@ -266,12 +260,7 @@ def uninstall() -> list[dict[str, Any]]:
     """Put vLLM's original functions back and stop watching imports."""
     reg = _registry
     reg.generation += 1
-    if reg.watcher is not None:
-        try:
-            sys.meta_path.remove(reg.watcher)
-        except ValueError:
-            pass
-        reg.watcher = None
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _bootstrap.VllmImportWatcher)]
     for record in reg.records.values():
         if record.state == INSTALLED:
             method = record.patch.qualname.partition(".")[2]
@@ -296,12 +285,14 @@ def status() -> list[dict[str, Any]]:
     if not reg.records:
         from dspark_hotfix.patches import ALL
 
-        current = settings()
-        if not current.enabled:
+        watcher = next((f for f in sys.meta_path if isinstance(f, _bootstrap.VllmImportWatcher)), None)
+        if not settings().enabled:
             state, detail = DISABLED, f"{config.ENABLE}=0"
-        elif reg.activated_by is None:
+        elif watcher is None and reg.activated_by is None:
             state, detail = DISABLED, "not installed in this process"
         else:
+            if reg.activated_by is None and watcher is not None:
+                reg.activated_by = watcher.source
             state, detail = PENDING, "waiting for `import vllm`"
         return [_row(_Record(p, state, detail)) for p in ALL]
     return [_row(record) for record in reg.records.values()]

@@ -174,6 +174,11 @@ def test_isolating_flags_start_cleanly_without_the_shim(flag):
     assert proc.stdout.strip() == "False" and proc.stderr == ""
 
 
+def test_status_before_vllm_is_imported_says_pending():
+    rows = last_json(run_python(STATUS).stdout)
+    assert {(r["state"], r["activated_by"]) for r in rows.values()} == {("pending", "sitecustomize")}
+
+
 def test_double_install_is_idempotent():
     code = TARGETS + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
     proc = run_python(code + IS_ORIGINAL + STATUS)
@@ -199,7 +204,8 @@ print(json.dumps([restored is original, restored is not wrapped,
 
 
 def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
-    proc = run_python("import sys, json; print(json.dumps(sorted(sys.modules)))", path=(REPO,))
-    loaded = set(last_json(proc.stdout))
-    assert "dspark_hotfix.hooks" in loaded  # the shim is active ...
-    assert not loaded & {"wrapt", "logging", "dspark_hotfix.patches", "importlib.abc", "typing", "inspect"}
+    proc = run_python("import sys; print(repr(sorted(sys.modules)))", path=(REPO,))
+    loaded = set(eval(proc.stdout))
+    assert "dspark_hotfix._bootstrap" in loaded  # the shim is active ...
+    heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
+    assert not loaded & (heavy | {"dspark_hotfix.hooks", "dspark_hotfix.config", "dspark_hotfix.patches"})

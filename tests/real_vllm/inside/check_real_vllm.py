@@ -24,7 +24,6 @@ from dspark_hotfix.patches.remap_dspark_name import remap_dspark_name
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grid  # noqa: E402
-
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention  # noqa: E402
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM  # noqa: E402
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache  # noqa: E402
@@ -166,7 +165,8 @@ def test_v2_runner_reshape_gives_512_before_and_584_after_the_correction():
                 kernel_block_sizes=[spec.storage_block_size], shared_kv_cache_layers={},
             )["layer"]
             views[f"{kind}_{label}"] = {
-                "shape": list(view.shape), "stride": list(view.stride()), "dtype": str(view.dtype).removeprefix("torch."),
+                "shape": list(view.shape), "stride": list(view.stride()),
+                "dtype": str(view.dtype).removeprefix("torch."),
                 "page_bytes": spec.page_size_bytes, "bytes_per_token": view.shape[-1],
             }
     assert views["swa_pre_fix"]["shape"] == [num_blocks, 64, 512]
