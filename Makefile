@@ -15,7 +15,7 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 	$(PY) scripts/demo.py
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check dspark_hotfix tests scripts
+	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence
 	$(PY) -m mypy
 
 test: lint  ## everything CI runs: lint, types, unit, subprocess and real-vLLM tiers
@@ -26,6 +26,9 @@ unit: $(VENV)/.ready  ## the fast tiers only
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm
+
+gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu/ (see docs/evidence/gpu-h200.md)
+	$(PYTHON) scripts/gpu-evidence prepare
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
