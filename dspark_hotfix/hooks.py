@@ -37,7 +37,7 @@ class HotfixError(RuntimeError):
 class _Record:
     """One patch in this process."""
 
-    __slots__ = ("corrections", "detail", "original", "owner", "patch", "state", "warned", "wrapper")
+    __slots__ = ("corrections", "detail", "lost", "original", "owner", "patch", "state", "warned", "wrapper")
 
     def __init__(self, patch: Patch, state: str, detail: str) -> None:
         self.patch = patch
@@ -48,6 +48,7 @@ class _Record:
         self.original: Any = None
         self.wrapper: Any = None
         self.warned = False
+        self.lost = False
 
 
 class _Registry:
@@ -95,7 +96,10 @@ def install(source: str = "api") -> None:
     reg = _registry
     reg.sources.append(source)
     _complain_once()
-    if not settings().enabled or reg.active:
+    if not settings().enabled:
+        return
+    if reg.active:
+        _reapply_lost()
         return
     if "vllm" in sys.modules:
         activate(source)
@@ -178,31 +182,13 @@ def _fail(record: _Record, why: str) -> None:
 
 
 def _apply(record: _Record, module: Any) -> None:
-    import inspect
-
     import wrapt
 
     from dspark_hotfix.patches import PatchUnavailable
 
     patch = record.patch
-    class_name, _, method = patch.qualname.partition(".")
-    owner = getattr(module, class_name, None)
-    if not isinstance(owner, type):
-        return _fail(record, f"{module.__name__} has no class {class_name}")
-    original = owner.__dict__.get(method)
-    if original is None or not callable(original):
-        return _fail(record, f"{class_name} defines no method {method}")
     try:
-        params = tuple(inspect.signature(original).parameters)
-    except (TypeError, ValueError) as exc:
-        return _fail(record, f"cannot read the signature of {patch.qualname}: {exc}")
-    if params != patch.parameters:
-        return _fail(
-            record,
-            f"unexpected signature {patch.qualname}({', '.join(params)}); "
-            f"expected ({', '.join(patch.parameters)})",
-        )
-    try:
+        owner, method, original = patch.resolve(module)
         patch.prepare(module)
     except PatchUnavailable as exc:
         return _fail(record, str(exc))
@@ -226,6 +212,8 @@ def _corrector(record: _Record) -> Any:
         result = wrapped(*args, **kwargs)
         try:
             fixed = correct(instance, args, kwargs, result)
+        except HotfixError:
+            raise
         except Exception as exc:
             _correction_failed(record, exc)
             return result
@@ -236,6 +224,11 @@ def _corrector(record: _Record) -> Any:
         return fixed
 
     return wrapper
+
+
+def report_error(message: str) -> None:
+    """A patch's guard found something vLLM will not survive well."""
+    _log().error(message)
 
 
 def _first_correction(record: _Record, before: Any, after: Any) -> None:
@@ -295,7 +288,44 @@ def status() -> list[dict[str, Any]]:
                 reg.activated_by = watcher.source
             state, detail = PENDING, "waiting for `import vllm`"
         return [_row(_Record(p, state, detail)) for p in ALL]
+    for record in reg.records.values():
+        _check_still_wrapped(record)
     return [_row(record) for record in reg.records.values()]
+
+
+def _check_still_wrapped(record: _Record) -> None:
+    """Notice a wrapper that is gone: ``importlib.reload`` of the target module
+    builds a new class (wrapt's hooks fire once), so vLLM's reloaded function
+    runs unpatched. That is reported, and ``install()`` applies the patch again.
+    """
+    if record.state != INSTALLED:
+        return
+    patch = record.patch
+    class_name, _, method = patch.qualname.partition(".")
+    owner = getattr(sys.modules.get(patch.module), class_name, None)
+    if owner is record.owner and record.owner.__dict__.get(method) is record.wrapper:
+        return
+    record.state, record.lost = FAILED, True
+    record.detail = (
+        f"lost: {patch.module} was reloaded (or {patch.qualname} replaced) after patching; "
+        "vLLM runs unpatched there; call dspark_hotfix.install() to apply it again"
+    )
+    record.owner = record.original = record.wrapper = None
+    _log().warning("%s: %s", patch.name, record.detail)
+
+
+def _reapply_lost() -> None:
+    for record in _registry.records.values():
+        _check_still_wrapped(record)
+        module = sys.modules.get(record.patch.module)
+        if record.lost and module is not None:
+            record.state, record.lost = PENDING, False
+            try:
+                _apply(record, module)
+            except HotfixError:
+                raise
+            except Exception as exc:
+                _fail(record, f"{type(exc).__name__}: {exc}")
 
 
 def _row(record: _Record) -> dict[str, Any]:

@@ -10,25 +10,25 @@ from tests.conftest import REPO, STANDIN, STATUS, last_json, run_python
 
 TARGETS = "import vllm.models.deepseek_v4.attention\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "draft_load_coverage")
 IS_ORIGINAL = """
 import json, types
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
 print(json.dumps([type(c.__dict__[m]) is types.FunctionType for c, m in
-      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'))]))
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (D, 'load_weights'))]))
 """
 
 
-def test_pythonpath_activation_patches_all_three_on_import():
+def test_pythonpath_activation_patches_every_target_on_import():
     proc = run_python(TARGETS + STATUS)
     rows = last_json(proc.stdout)
     assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "installed")
     assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
     # One line per patch naming the pid, and nothing else at the default level.
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 3 and all("patched" in line and "in pid" in line for line in lines)
+    assert len(lines) == len(PATCHES) and all("patched" in line and "in pid" in line for line in lines)
 
 
 def test_warmup_crashes_without_the_shim_and_runs_with_it():
@@ -44,6 +44,19 @@ def test_warmup_crashes_without_the_shim_and_runs_with_it():
     assert {f"model.layers.{i}.attn.wkv.weight" for i in range(3)} <= set(on["loaded"])
 
 
+def test_draft_load_guard_names_the_unloaded_layers_when_the_remap_is_off():
+    proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"})
+    errors = [line for line in proc.stderr.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and "6 DSpark draft parameters were never loaded" in errors[0]
+    assert "model.layers.0.attn.wkv.weight" in errors[0] and "lm_head" not in errors[0]
+    assert " ERROR: " not in run_python(WARMUP).stderr  # with the remap patch: all loaded
+
+
+def test_draft_load_guard_stops_the_load_in_strict_mode():
+    proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name", "DSPARK_HOTFIX_STRICT": "1"})
+    assert "HotfixError: draft_load_coverage: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
+
+
 def test_first_correction_is_logged_once_with_what_changed():
     proc = run_python(WARMUP)
     swa = [line for line in proc.stderr.splitlines() if "swa_kv_cache_spec: first correction" in line]
@@ -54,7 +67,7 @@ def test_first_correction_is_logged_once_with_what_changed():
 def test_off_means_nothing_is_wrapped_and_nothing_is_said():
     proc = run_python(TARGETS + IS_ORIGINAL + STATUS, env={"DSPARK_HOTFIX": "0"})
     originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [True, True, True]
+    assert originals == [True] * len(PATCHES)
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert proc.stderr == ""
     assert "wrapt" not in run_python(TARGETS + "import sys; print(sorted(sys.modules))",
@@ -66,7 +79,7 @@ def test_hooks_fire_when_installed_after_vllm_is_imported():
     code = TARGETS + "import dspark_hotfix; dspark_hotfix.install()\n" + IS_ORIGINAL + STATUS
     proc = run_python(f"import sys; sys.path.append({str(REPO)!r})\n" + code, path=(STANDIN,))
     originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [False, False, False]
+    assert originals == [False] * len(PATCHES)
     assert {r["state"] for r in rows.values()} == {"installed"}
     assert {r["activated_by"] for r in rows.values()} == {"api"}
 
@@ -74,7 +87,7 @@ def test_hooks_fire_when_installed_after_vllm_is_imported():
 def test_selection_patches_only_the_named_patch():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
     assert rows["swa_kv_cache_spec"]["state"] == "installed"
-    assert rows["remap_dspark_name"]["state"] == rows["attention_kv_cache_spec"]["state"] == "disabled"
+    assert {rows[n]["state"] for n in PATCHES if n != "swa_kv_cache_spec"} == {"disabled"}
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
@@ -164,7 +177,7 @@ if __name__ == '__main__':
     proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
     results = last_json(proc.stdout)
     assert len(results) == 8
-    assert all(states == ["installed"] * 3 for _, states in results)
+    assert all(states == ["installed"] * len(PATCHES) for _, states in results)
     assert proc.stderr.count("swa_kv_cache_spec: patched") >= len({pid for pid, _ in results})
 
 
@@ -183,7 +196,7 @@ def test_double_install_is_idempotent():
     code = TARGETS + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
     proc = run_python(code + IS_ORIGINAL + STATUS)
     originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [False, False, False]
+    assert originals == [False] * len(PATCHES)
     assert proc.stderr.count("swa_kv_cache_spec: patched") == 1
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
 
@@ -200,7 +213,7 @@ print(json.dumps([restored is original, restored is not wrapped,
                   [r['state'] for r in dspark_hotfix.status()]]))
 """
     same, changed, states = last_json(run_python(code).stdout)
-    assert same and changed and states == ["disabled"] * 3
+    assert same and changed and states == ["disabled"] * len(PATCHES)
 
 
 def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():

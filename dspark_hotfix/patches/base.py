@@ -37,6 +37,32 @@ class Patch:
     def target(self) -> str:
         return f"{self.module}.{self.qualname}"
 
+    def resolve(self, module: Any) -> tuple[type, str, Any]:
+        """The class, method name and function this patch targets in ``module``.
+
+        Raises PatchUnavailable when the running vLLM has no such class or
+        method, or the method's parameters are not the ones the patch expects.
+        """
+        import inspect
+
+        class_name, _, method = self.qualname.partition(".")
+        owner = getattr(module, class_name, None)
+        if not isinstance(owner, type):
+            raise PatchUnavailable(f"{module.__name__} has no class {class_name}")
+        function = owner.__dict__.get(method)
+        if function is None or not callable(function):
+            raise PatchUnavailable(f"{class_name} defines no method {method}")
+        try:
+            params = tuple(inspect.signature(function).parameters)
+        except (TypeError, ValueError) as exc:
+            raise PatchUnavailable(f"cannot read the signature of {self.qualname}: {exc}") from exc
+        if params != self.parameters:
+            raise PatchUnavailable(
+                f"unexpected signature {self.qualname}({', '.join(params)}); "
+                f"expected ({', '.join(self.parameters)})"
+            )
+        return owner, method, function
+
     def prepare(self, module: Any) -> None:
         """Resolve what the correction needs from vLLM; raise PatchUnavailable."""
 

@@ -1,10 +1,11 @@
 """The DeepSeek-V4 ``fp8_ds_mla`` KV-cache layout, and the spec correction both
 spec patches share.
 
-One token of the layout is 448 fp8 e4m3 NoPE values, 64 bf16 RoPE values
-(128 B), 7 UE8M0 scales (one per 64 NoPE values) and 1 pad byte: 584 bytes.
-FlashMLA reads pages padded to a multiple of 576 bytes, so a 64-slot page is
-64 x 584 = 37376 B, padded to 37440 B.
+One token of the layout costs 584 bytes: a 576-byte body (448 fp8 e4m3 NoPE
+values, 64 bf16 RoPE values) and an 8-byte scale record (7 UE8M0 scales, one per
+64 NoPE values, and a pad byte); a page holds its 64 bodies, then their 64
+scale records (docs/evidence/gpu-h200.md). FlashMLA reads pages padded to a
+multiple of 576 bytes: a 64-slot page is 64 x 584 = 37376 B, padded to 37440 B.
 
 vLLM's V2 GPU model runner (vllm-project/vllm PR #42890) builds a layer's KV
 view with cache dtype ``"auto"`` whenever ``spec.kv_quant_mode`` is

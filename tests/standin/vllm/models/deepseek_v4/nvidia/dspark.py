@@ -21,13 +21,18 @@ class DSparkDeepseekV4ForCausalLM:
         ]
         self.model = SimpleNamespace(layers=layers, weights={})
 
-    def named_parameter_names(self):
-        names = [f"model.layers.{i}.attn.wkv.weight" for i in range(len(self.model.layers))]
-        names += [f"model.layers.{i}.ffn.gate.weight" for i in range(len(self.model.layers))]
-        return names + ["model.norm.weight", "model.main_proj.weight", "model.markov_head.weight"]
+    def named_parameters(self):
+        for i in range(len(self.model.layers)):
+            yield f"model.layers.{i}.attn.wkv.weight", None
+            yield f"model.layers.{i}.ffn.gate.weight", None
+        for name in ("model.norm.weight", "model.main_proj.weight", "model.markov_head.weight"):
+            yield name, None
+        # Shared with the target model, never loaded by the draft.
+        yield "model.embed_tokens.weight", None
+        yield "lm_head.weight", None
 
     def load_weights(self, weights):
-        params = dict.fromkeys(self.named_parameter_names())
+        params = dict(self.named_parameters())
         loaded = set()
         for name, value in weights:
             mapped = self._remap_dspark_name(name)
