@@ -1,4 +1,4 @@
-"""``dspark-hotfix`` / ``python -m dspark_hotfix``: path, status."""
+"""``dspark-hotfix`` / ``python -m dspark_hotfix``: path, status, doctor."""
 
 from __future__ import annotations
 
@@ -30,17 +30,32 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.import_targets:
+        import contextlib
+
         hooks.install(source="cli")
         from dspark_hotfix.patches import ALL
 
-        for patch in ALL:
-            try:
-                importlib.import_module(patch.module)
-            except Exception as exc:
-                print(f"cannot import {patch.module}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout
+            for patch in ALL:
+                try:
+                    importlib.import_module(patch.module)
+                except Exception as exc:
+                    print(f"cannot import {patch.module}: {type(exc).__name__}: {exc}", file=sys.stderr)
     rows = hooks.status()
     print(json.dumps(rows, indent=2) if args.json else _table(rows))
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from dspark_hotfix import doctor
+
+    # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = doctor.diagnose()
+    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
+    return 0 if report["ok"] else 1
 
 
 def cmd_path(args: argparse.Namespace) -> int:
@@ -61,5 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         help="install the hooks and import vLLM's target modules first",
     )
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("doctor", help="will the fix be active where it is needed? (exit 0 only if so)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_doctor)
     args = parser.parse_args(argv)
     return int(args.func(args))

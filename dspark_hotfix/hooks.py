@@ -226,6 +226,14 @@ def _corrector(record: _Record) -> Any:
     return wrapper
 
 
+def unwrapped(function: Any) -> Any:
+    """vLLM's own function behind one of our wrappers; anything else as it is."""
+    for record in _registry.records.values():
+        if record.wrapper is not None and record.wrapper is function:
+            return record.original
+    return function
+
+
 def report_error(message: str) -> None:
     """A patch's guard found something vLLM will not survive well."""
     _log().error(message)

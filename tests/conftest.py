@@ -69,3 +69,88 @@ def standin_modules():
         sys.path.remove(str(STANDIN))
         for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
             del sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built once per session the way pip builds it."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
+         "-w", str(out), str(REPO)],
+        check=True, capture_output=True, text=True,
+    )
+    (built,) = out.glob("dspark_hotfix-*.whl")
+    return built
+
+
+# Helpers of the attack suite (test_properties, test_faults, test_processes, test_hostile, test_safety).
+
+WRAP_DEPTH = """
+import json as _json, sys as _sys, types as _types
+from dspark_hotfix.patches import ALL as _ALL
+
+def _depth(f):
+    n = 0
+    while not isinstance(f, _types.FunctionType) and hasattr(f, '__wrapped__'):
+        f, n = f.__wrapped__, n + 1
+    return n if isinstance(f, _types.FunctionType) else -1
+
+print(_json.dumps({p.name: _depth(getattr(_sys.modules[p.module], p.qualname.partition('.')[0])
+                                  .__dict__[p.qualname.partition('.')[2]])
+                   for p in _ALL if p.module in _sys.modules}))
+"""
+"""Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain
+function in the class ``__dict__``: 0 untouched, 1 patched once, -1 no plain function."""
+
+
+def patch_names() -> tuple[str, ...]:
+    from dspark_hotfix.patches import ALL
+
+    return tuple(p.name for p in ALL)
+
+
+def warning_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " WARNING: " in line]
+
+
+def patched_lines(stderr: str, name: str) -> list[str]:
+    return [line for line in stderr.splitlines() if f" INFO: {name}: patched " in line]
+
+
+def json_lines(stdout: str) -> list[object]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith(("{", "["))]
+
+
+def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: tuple[str, ...] = ()) -> Path:
+    """A copy of the stand-in build at ``root`` with textual edits.
+
+    ``edits`` maps a path inside the copy (or ``"*"``: every ``.py`` file) to
+    ``(old, new)`` replacements; each must apply somewhere, so a change to the
+    stand-in cannot silently turn a fault into no fault.
+    """
+    import shutil
+
+    shutil.copytree(STANDIN, root, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, replacements in edits.items():
+        files = sorted(root.rglob("*.py")) if rel == "*" else [root / rel]
+        for old, new in replacements:
+            hits = [f for f in files if old in f.read_text()]
+            if not hits:
+                raise AssertionError(f"{rel}: {old!r} not found: the stand-in changed")
+            for f in hits:
+                f.write_text(f.read_text().replace(old, new))
+    for rel in remove:
+        (root / rel).unlink()
+    return root
+
+
+def listing(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` with its size and modification time (ns)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out

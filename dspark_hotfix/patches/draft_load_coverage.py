@@ -48,15 +48,16 @@ class DraftLoadCoverage(Patch):
     def probe(self, original: Any) -> Verdict:
         import sys
 
+        from dspark_hotfix.hooks import unwrapped
+
         owner = getattr(sys.modules.get(self.module), self.qualname.partition(".")[0], None)
-        remap = getattr(owner, "__dict__", {}).get("_remap_dspark_name")
-        remap = getattr(remap, "__wrapped__", remap)  # probe vLLM's own function
+        remap = unwrapped(getattr(owner, "__dict__", {}).get("_remap_dspark_name"))
         if remap is None:
             return Verdict(None, "probe inconclusive (no _remap_dspark_name)")
         verdict = REMAP.probe(remap)
         if verdict.needed is False:
             return Verdict(False, "not needed (vLLM's draft remap is right)")
-        return Verdict(True, "needed (guarding the draft load: " + verdict.detail + ")")
+        return Verdict(True, "needed (guards the draft's load while its remap is wrong)")
 
     def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
         missing = unloaded_draft_parameters((n for n, _ in instance.named_parameters()), result)

@@ -183,3 +183,39 @@ def test_v2_runner_reshape_gives_512_before_and_584_after_the_correction():
             "source": "vLLM's own V2 runner reshape (vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache) on CPU",
             "vllm": vllm.__version__, "torch": torch.__version__, "views": views,
         }, indent=2) + "\n")
+
+
+def _run(code_or_args, env_extra: dict, pythonpath: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
+    env.update(env_extra, PYTHONPATH=pythonpath)
+    command = [sys.executable, *(["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_real_vllm_plugin_loader_activates_the_shim(tmp_path):
+    # The installed wheel's metadata, reduced to what importlib.metadata reads,
+    # next to the package: the shim reachable only through vLLM's plugin loader.
+    (tmp_path / "dspark_hotfix").symlink_to(Path(dspark_hotfix.__file__).parent)
+    info = tmp_path / "dspark_hotfix-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dspark-hotfix\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\ndspark_hotfix = dspark_hotfix.plugin:register\n")
+    code = (
+        "import json, sys\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+        "import vllm.models.deepseek_v4.attention, dspark_hotfix\n"
+        "print(json.dumps(dspark_hotfix.status()))"
+    )
+    proc = _run(code, {}, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {r["activated_by"] for r in rows} == {"vllm-plugin"}
+    assert {r["state"] for r in rows} == {"not_needed"}
+    assert "sitecustomize" not in proc.stderr  # the start-up path was not in play
+
+
+def test_doctor_on_real_vllm_says_nothing_is_needed(tmp_path):
+    proc = _run(["-m", "dspark_hotfix", "doctor", "--json"], {}, os.environ["PYTHONPATH"])
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout
+    assert report["ok"] and report["sitecustomize"]["active"]
+    assert all(p["found"] and p["signature"] and p["needed"] is False for p in report["patches"]), report["patches"]

@@ -1,0 +1,186 @@
+"""``dspark-hotfix doctor``: will the fix be active where it is needed?
+
+Run it inside the serving image, with the environment the server gets, before a
+rollout. It reads the activation paths (which ``sitecustomize`` wins, whether
+the vLLM plugin entry point is visible and allowed), the switches, and for each
+patch imports vLLM's target module and calls vLLM's own function with stand-in
+objects on the CPU (no GPU, no model) to decide whether the patch is needed.
+Exit status 0 only when every needed patch will be applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from typing import Any
+
+from dspark_hotfix import _bootstrap, config, hooks
+
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "dspark_hotfix"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _sitecustomize() -> dict[str, Any]:
+    module = sys.modules.get("sitecustomize")
+    file = getattr(module, "__file__", None)
+    ours = getattr(module, "boot", None) is _bootstrap.boot
+    here = os.path.dirname(os.path.abspath(file)) if ours and file else None
+    shadowed = None
+    for entry in sys.path:
+        directory = os.path.abspath(entry or os.curdir)
+        if directory == here:
+            continue
+        candidate = os.path.join(directory, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            shadowed = candidate
+            break
+    return {
+        "active": ours,
+        "file": file,
+        # Ours imports the next one on sys.path; another module that won is not ours to judge.
+        "shadowed": shadowed if ours else None,
+        "chained": bool(ours and shadowed),
+    }
+
+
+def _plugin() -> dict[str, Any]:
+    points = importlib.metadata.entry_points(group=PLUGIN_GROUP)
+    visible = any(p.name == PLUGIN_NAME for p in points)
+    allow = os.environ.get("VLLM_PLUGINS")
+    allowed = allow is None or PLUGIN_NAME in [p.strip() for p in allow.split(",")]
+    return {"visible": visible, "allowed": allowed, "VLLM_PLUGINS": allow, "active": visible and allowed}
+
+
+def _patch_report(patch: Any, selected: bool) -> dict[str, Any]:
+    from dspark_hotfix.patches import PatchUnavailable
+
+    row: dict[str, Any] = {
+        "name": patch.name,
+        "target": patch.target,
+        "selected": selected,
+        "found": False,
+        "signature": None,
+        "needed": None,
+        "detail": "",
+    }
+    try:
+        module = importlib.import_module(patch.module)
+    except Exception as exc:
+        row["detail"] = f"cannot import {patch.module}: {type(exc).__name__}: {exc}"
+        return row
+    owner_name, _, method = patch.qualname.partition(".")
+    owner = getattr(module, owner_name, None)
+    row["found"] = isinstance(owner, type) and method in owner.__dict__
+    try:
+        patch.resolve(module)
+        patch.prepare(module)
+    except PatchUnavailable as exc:
+        row["signature"] = not str(exc).startswith("unexpected signature") and row["found"]
+        row["detail"] = str(exc)
+        return row
+    row["signature"] = True
+    # vLLM's own function, also where this process has wrapped it already.
+    verdict = patch.probe(hooks.unwrapped(owner.__dict__[method]))
+    # An undecided probe means the shim would wrap (its corrections leave right answers alone).
+    row["needed"] = verdict.needed is not False
+    row["detail"] = verdict.detail
+    return row
+
+
+def diagnose() -> dict[str, Any]:
+    from dspark_hotfix.patches import ALL
+
+    settings = hooks.settings()
+    selected, selection_problems = settings.selection(p.name for p in ALL)
+    site = _sitecustomize()
+    plugin = _plugin()
+    wrapt_version = _version("wrapt")
+    report: dict[str, Any] = {
+        "python": {
+            "version": sys.version.split()[0],
+            "executable": sys.executable,
+            "flags": {
+                "-S (no site)": bool(sys.flags.no_site),
+                "-E (ignore environment)": bool(sys.flags.ignore_environment),
+                "-I (isolated)": bool(sys.flags.isolated),
+            },
+        },
+        "sitecustomize": site,
+        "plugin": plugin,
+        "versions": {"dspark_hotfix": _version("dspark-hotfix"), "wrapt": wrapt_version, "vllm": None},
+        "switches": {
+            config.ENABLE: os.environ.get(config.ENABLE),
+            config.PATCHES: os.environ.get(config.PATCHES),
+            config.STRICT: os.environ.get(config.STRICT),
+            config.LOG: os.environ.get(config.LOG),
+            "problems": settings.problems + selection_problems,
+        },
+        "patches": [],
+        "problems": [],
+    }
+    problems: list[str] = report["problems"]
+    try:
+        vllm = importlib.import_module("vllm")
+        report["versions"]["vllm"] = _version("vllm") or getattr(vllm, "__version__", "unknown")
+    except Exception as exc:
+        problems.append(f"vLLM cannot be imported here ({type(exc).__name__}: {exc})")
+        report["ok"] = False
+        return report
+    report["patches"] = [_patch_report(p, p.name in selected) for p in ALL]
+    active_path = site["active"] or plugin["active"]
+    for row in report["patches"]:
+        if not row["selected"]:
+            if row["needed"]:
+                problems.append(f"{row['name']} is needed but excluded by {config.PATCHES}")
+            continue
+        if row["signature"] is not True:
+            problems.append(f"{row['name']}: {row['detail']}")
+        elif row["needed"]:
+            if not settings.enabled:
+                problems.append(f"{row['name']} is needed but {config.ENABLE}=0 turns the shim off")
+            elif not active_path:
+                problems.append(
+                    f"{row['name']} is needed but no activation path is active: put `dspark-hotfix path` on "
+                    "PYTHONPATH, or install the wheel where vLLM runs (plugin) and allow it in VLLM_PLUGINS"
+                )
+            elif wrapt_version is None:
+                problems.append(f"{row['name']} is needed but wrapt is not installed")
+    report["ok"] = not problems
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    site, plugin, versions = report["sitecustomize"], report["plugin"], report["versions"]
+    flags = ", ".join(k for k, v in report["python"]["flags"].items() if v) or "none"
+    lines = [
+        f"python        {report['python']['version']} ({report['python']['executable']}); "
+        f"flags that disable activation: {flags}",
+        f"sitecustomize {'ours: ' + str(site['file']) if site['active'] else 'not ours: ' + str(site['file'])}"
+        + (f"; chains {site['shadowed']}" if site["chained"] else ""),
+        f"vLLM plugin   entry point {'visible' if plugin['visible'] else 'not visible'}, "
+        f"{'allowed' if plugin['allowed'] else 'not allowed by VLLM_PLUGINS=' + str(plugin['VLLM_PLUGINS'])}",
+        f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, dspark-hotfix {versions['dspark_hotfix']}",
+        "switches      "
+        + (", ".join(f"{k}={v}" for k, v in report["switches"].items() if k != "problems" and v is not None)
+           or "(defaults)"),
+    ]
+    lines += [f"  ! {p}" for p in report["switches"]["problems"]]
+    for row in report["patches"]:
+        sel = "" if row["selected"] else " (excluded)"
+        lines.append(
+            f"patch         {row['name']}{sel}: target {'found' if row['found'] else 'missing'}, "
+            f"signature {'as expected' if row['signature'] else 'unexpected' if row['signature'] is False else '?'}"
+            f", {row['detail']}"
+        )
+    lines += [f"PROBLEM       {p}" for p in report["problems"]]
+    lines.append("verdict       " + ("ok: the fix will be active where it is needed" if report["ok"] else "NOT OK"))
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The wheel, installed into a fresh venv: both activation paths, doctor, Dockerfile.
+
+The way autowrapt tests itself: build the wheel, install it where nothing else
+of ours is, and run real subprocesses from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STANDIN, STATUS, clean_env, last_json
+
+TARGETS = "import vllm.models.deepseek_v4.attention\n"
+PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
+IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory, wheel) -> dict:
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip())
+    # The image's own customisation, as Debian and Ubuntu Pythons ship one.
+    (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "python": python, "bin": root / "bin", "purelib": purelib}
+
+
+def run(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):
+    full = clean_env(**env)
+    full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
+    if path:
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    command = [str(venv["python"]), "-c", code] if code is not None else list(args)
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
+
+
+def startup_dir(venv: dict) -> Path:
+    proc = run(venv, args=("dspark-hotfix", "path"))
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout.strip())
+
+
+def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
+    assert (venv["purelib"] / "sitecustomize.py").read_text() == IMAGE_CUSTOMISATION
+
+
+def test_path_command_names_a_directory_holding_only_our_sitecustomize(venv):
+    directory = startup_dir(venv)
+    assert sorted(p.name for p in directory.iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]
+    assert directory.is_relative_to(venv["purelib"])
+
+
+def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
+    proc = run(venv, TARGETS + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
+               path=(startup_dir(venv), STANDIN))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+    assert proc.stdout.splitlines()[-1] == "ran"
+
+
+def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
+    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,))
+    assert proc.returncode == 0, proc.stderr
+    rows = last_json(proc.stdout)
+    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["activated_by"] for r in rows.values()} == {"vllm-plugin"}
+
+
+def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
+    proc = run(venv, "import vllm\n" + PLUGINS + TARGETS + STATUS, path=(STANDIN,))
+    assert {r["state"] for r in last_json(proc.stdout).values()} == {"installed"}, proc.stderr
+
+
+@pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
+                                          ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX=0")])
+def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
+    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,), **env)
+    rows = last_json(proc.stdout)
+    assert {r["state"] for r in rows.values()} == {"disabled"}
+    assert all(why in r["detail"] for r in rows.values())
+    assert proc.stderr == ""
+
+
+def test_both_paths_share_one_installer(venv):
+    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
+    rows = last_json(proc.stdout)
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+    assert proc.stderr.count("swa_kv_cache_spec: patched") == 1
+
+
+def test_doctor_json_against_the_standin_says_needed_and_active(venv):
+    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout
+    assert report["ok"] and report["sitecustomize"]["active"] and report["plugin"]["visible"]
+    assert report["sitecustomize"]["chained"] and report["sitecustomize"]["shadowed"].endswith("sitecustomize.py")
+    assert {p["name"]: p["needed"] for p in report["patches"]} == {
+        "remap_dspark_name": True, "attention_kv_cache_spec": True,
+        "swa_kv_cache_spec": True, "draft_load_coverage": True,
+    }
+    swa = next(p for p in report["patches"] if p["name"] == "swa_kv_cache_spec")
+    assert swa["detail"] == "needed (vLLM returns 512 bytes/token for fp8_ds_mla; shim gives 584)"
+
+
+def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
+    proc = run(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
+    assert proc.returncode == 1
+    assert "PROBLEM       swa_kv_cache_spec is needed but DSPARK_HOTFIX=0 turns the shim off" in proc.stdout
+
+
+def test_doctor_fails_without_any_activation_path(venv):
+    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(STANDIN,), VLLM_PLUGINS="")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not report["ok"]
+    assert any("no activation path is active" in p for p in report["problems"])
+
+
+def test_doctor_fails_without_vllm(venv):
+    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"))
+    assert proc.returncode == 1
+    assert "vLLM cannot be imported here" in json.loads(proc.stdout)["problems"][0]
