@@ -36,6 +36,8 @@ class VllmImportWatcher:
 
                 hooks.activate(self.source)
             except Exception as exc:
+                if type(exc).__name__ == "HotfixError":  # strict mode: `import vllm` stops here
+                    raise
                 sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
         return None
 
@@ -69,13 +71,14 @@ def chain(sitecustomize_file):
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
     Pythons ship their own. Our directory is taken off ``sys.path`` for the
-    import and put back as it was; errors are reported the way ``site`` reports
-    its own sitecustomize's, and start-up goes on.
+    import and put back where it was, keeping what the shadowed one changed
+    (images extend ``sys.path`` there); errors are reported the way ``site``
+    reports its own sitecustomize's, and start-up goes on.
     """
     here = os.path.dirname(os.path.abspath(sitecustomize_file))
     ours = sys.modules.get("sitecustomize")
-    saved = list(sys.path)
-    sys.path[:] = [p for p in saved if os.path.abspath(p or os.curdir) != here]
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # noqa: F401  (the shadowed one, if any)
@@ -85,7 +88,8 @@ def chain(sitecustomize_file):
     except Exception as exc:
         _report(exc)
     finally:
-        sys.path[:] = saved
+        for i, p in taken:
+            sys.path.insert(i, p)
         if ours is not None:
             sys.modules["sitecustomize"] = ours
 

@@ -60,7 +60,7 @@ def _plugin() -> dict[str, Any]:
     return {"visible": visible, "allowed": allowed, "VLLM_PLUGINS": allow, "active": visible and allowed}
 
 
-def _patch_report(patch: Any, selected: bool) -> dict[str, Any]:
+def _patch_report(patch: Any, selected: bool, earlier: list[dict[str, Any]]) -> dict[str, Any]:
     from dspark_hotfix.patches import PatchUnavailable
 
     row: dict[str, Any] = {
@@ -72,14 +72,19 @@ def _patch_report(patch: Any, selected: bool) -> dict[str, Any]:
         "needed": None,
         "detail": "",
     }
+    if patch.depends_on:
+        # As the hooks decide: a guard of patches that are not needed is not looked at.
+        guarded = [r["name"] for r in earlier if r["name"] in patch.depends_on and r["needed"]]
+        if not guarded:
+            row.update(found=None, signature=None, needed=False, detail="not needed (guards nothing needed)")
+            return row
     try:
         module = importlib.import_module(patch.module)
     except Exception as exc:
         row["detail"] = f"cannot import {patch.module}: {type(exc).__name__}: {exc}"
         return row
-    owner_name, _, method = patch.qualname.partition(".")
-    owner = getattr(module, owner_name, None)
-    row["found"] = isinstance(owner, type) and method in owner.__dict__
+    owner, method = patch.locate(module)
+    row["found"] = owner is not None and method in owner.__dict__
     try:
         patch.resolve(module)
         patch.prepare(module)
@@ -88,6 +93,9 @@ def _patch_report(patch: Any, selected: bool) -> dict[str, Any]:
         row["detail"] = str(exc)
         return row
     row["signature"] = True
+    if patch.depends_on:
+        row["needed"], row["detail"] = True, f"needed (guards {', '.join(guarded)})"
+        return row
     # vLLM's own function, also where this process has wrapped it already.
     verdict = patch.probe(hooks.unwrapped(owner.__dict__[method]))
     # An undecided probe means the shim would wrap (its corrections leave right answers alone).
@@ -135,14 +143,15 @@ def diagnose() -> dict[str, Any]:
         problems.append(f"vLLM cannot be imported here ({type(exc).__name__}: {exc})")
         report["ok"] = False
         return report
-    report["patches"] = [_patch_report(p, p.name in selected) for p in ALL]
+    for patch in ALL:  # guards come after the patches they depend on
+        report["patches"].append(_patch_report(patch, patch.name in selected, report["patches"]))
     active_path = site["active"] or plugin["active"]
     for row in report["patches"]:
         if not row["selected"]:
             if row["needed"]:
                 problems.append(f"{row['name']} is needed but excluded by {config.PATCHES}")
             continue
-        if row["signature"] is not True:
+        if row["signature"] is not True and (row["needed"] is not False or row["found"] is False):
             problems.append(f"{row['name']}: {row['detail']}")
         elif row["needed"]:
             if not settings.enabled:
@@ -176,11 +185,12 @@ def render(report: dict[str, Any]) -> str:
     lines += [f"  ! {p}" for p in report["switches"]["problems"]]
     for row in report["patches"]:
         sel = "" if row["selected"] else " (excluded)"
-        lines.append(
-            f"patch         {row['name']}{sel}: target {'found' if row['found'] else 'missing'}, "
-            f"signature {'as expected' if row['signature'] else 'unexpected' if row['signature'] is False else '?'}"
-            f", {row['detail']}"
-        )
+        if row["found"] is None:
+            looked = "target not looked at"
+        else:
+            signature = {True: "as expected", False: "unexpected", None: "?"}[row["signature"]]
+            looked = f"target {'found' if row['found'] else 'missing'}, signature {signature}"
+        lines.append(f"patch         {row['name']}{sel}: {looked}, {row['detail']}")
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     lines.append("verdict       " + ("ok: the fix will be active where it is needed" if report["ok"] else "NOT OK"))
     return "\n".join(lines)

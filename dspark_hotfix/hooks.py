@@ -37,7 +37,9 @@ class HotfixError(RuntimeError):
 class _Record:
     """One patch in this process."""
 
-    __slots__ = ("corrections", "detail", "lost", "original", "owner", "patch", "state", "warned", "wrapper")
+    __slots__ = (
+        "corrections", "deferred", "detail", "lost", "original", "owner", "patch", "state", "warned", "wrapper",
+    )
 
     def __init__(self, patch: Patch, state: str, detail: str) -> None:
         self.patch = patch
@@ -49,6 +51,7 @@ class _Record:
         self.wrapper: Any = None
         self.warned = False
         self.lost = False
+        self.deferred: Any = None  # the imported module of a guard waiting for verdicts
 
 
 class _Registry:
@@ -159,12 +162,8 @@ def _hook(record: _Record, generation: int) -> Any:
         # bumps the generation and turns this one into a no-op.
         if generation != _registry.generation or record.state != PENDING:
             return
-        try:
-            _apply(record, module)
-        except HotfixError:
-            raise
-        except Exception as exc:
-            _fail(record, f"{type(exc).__name__}: {exc}")
+        _guarded_apply(record, module)
+        _resume_deferred()
 
     return on_import
 
@@ -187,12 +186,21 @@ def _apply(record: _Record, module: Any) -> None:
     from dspark_hotfix.patches import PatchUnavailable
 
     patch = record.patch
-    try:
-        owner, method, original = patch.resolve(module)
-        patch.prepare(module)
-    except PatchUnavailable as exc:
-        return _fail(record, str(exc))
-    verdict = patch.probe(original)
+    # A guard is decided by the patches it guards, before its target is even
+    # looked at: where they are not needed, it must not touch (or judge) vLLM.
+    verdict = _dependency_verdict(patch) if patch.depends_on else None
+    if patch.depends_on and verdict is None:
+        record.deferred = module
+        record.detail = f"waiting for the verdicts of {', '.join(patch.depends_on)}"
+        return None
+    if verdict is None or verdict.needed:
+        try:
+            owner, method, original = patch.resolve(module)
+            patch.prepare(module)
+        except PatchUnavailable as exc:
+            return _fail(record, str(exc))
+    if verdict is None:
+        verdict = patch.probe(original)
     if verdict.needed is False:
         record.state, record.detail = NOT_NEEDED, verdict.detail
         _log().info("%s: %s; %s left untouched", patch.name, verdict.detail, patch.target)
@@ -205,11 +213,47 @@ def _apply(record: _Record, module: Any) -> None:
     return None
 
 
+def _dependency_verdict(patch: Patch) -> Any:
+    """A guard's verdict from the patches it guards; None while any is undecided."""
+    from dspark_hotfix.patches import Verdict
+
+    records = [_registry.records[n] for n in patch.depends_on if n in _registry.records]
+    applied = [r.patch.name for r in records if r.state in (INSTALLED, FAILED)]
+    if applied:
+        return Verdict(True, f"needed (guards where {', '.join(applied)} applies)")
+    if all(r.state in (NOT_NEEDED, DISABLED) for r in records):
+        return Verdict(False, f"not needed ({', '.join(patch.depends_on)} not needed or excluded)")
+    return None
+
+
+def _resume_deferred() -> None:
+    """Decide the guards whose patches have been decided since they were imported."""
+    progress = True
+    while progress:
+        progress = False
+        for record in _registry.records.values():
+            module, record.deferred = record.deferred, None
+            if module is not None and record.state == PENDING:
+                _guarded_apply(record, module)
+                progress = progress or record.deferred is None
+
+
+def _guarded_apply(record: _Record, module: Any) -> None:
+    try:
+        _apply(record, module)
+    except HotfixError:
+        raise
+    except Exception as exc:
+        _fail(record, f"{type(exc).__name__}: {exc}")
+
+
 def _corrector(record: _Record) -> Any:
     correct = record.patch.correct
 
     def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        result = wrapped(*args, **kwargs)
+        # Runs on every call of vLLM's function (once per checkpoint name for the remap):
+        # `**kwargs` copies wrapt's empty dict on each call, vLLM passes positionals.
+        result = wrapped(*args, **kwargs) if kwargs else wrapped(*args)
         try:
             fixed = correct(instance, args, kwargs, result)
         except HotfixError:
@@ -264,7 +308,7 @@ def uninstall() -> list[dict[str, Any]]:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _bootstrap.VllmImportWatcher)]
     for record in reg.records.values():
         if record.state == INSTALLED:
-            method = record.patch.qualname.partition(".")[2]
+            method = record.patch.qualname.rpartition(".")[2]
             if record.owner.__dict__.get(method) is record.wrapper:
                 setattr(record.owner, method, record.original)
                 record.detail = "uninstalled: vLLM's original function restored"
@@ -309,9 +353,9 @@ def _check_still_wrapped(record: _Record) -> None:
     if record.state != INSTALLED:
         return
     patch = record.patch
-    class_name, _, method = patch.qualname.partition(".")
-    owner = getattr(sys.modules.get(patch.module), class_name, None)
-    if owner is record.owner and record.owner.__dict__.get(method) is record.wrapper:
+    module = sys.modules.get(patch.module)
+    owner, method = patch.locate(module) if module is not None else (None, "")
+    if owner is record.owner and owner.__dict__.get(method) is record.wrapper:
         return
     record.state, record.lost = FAILED, True
     record.detail = (
@@ -328,12 +372,7 @@ def _reapply_lost() -> None:
         module = sys.modules.get(record.patch.module)
         if record.lost and module is not None:
             record.state, record.lost = PENDING, False
-            try:
-                _apply(record, module)
-            except HotfixError:
-                raise
-            except Exception as exc:
-                _fail(record, f"{type(exc).__name__}: {exc}")
+            _guarded_apply(record, module)
 
 
 def _row(record: _Record) -> dict[str, Any]:

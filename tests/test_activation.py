@@ -8,16 +8,20 @@ import pytest
 
 from tests.conftest import REPO, STANDIN, STATUS, last_json, run_python
 
-TARGETS = "import vllm.models.deepseek_v4.attention\n"
+TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "draft_load_coverage")
+PATCHES = (
+    "remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "draft_load_coverage", "kv_view_guard",
+)
 IS_ORIGINAL = """
 import json, types
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+import vllm.v1.worker.gpu.attn_utils as U
 print(json.dumps([type(c.__dict__[m]) is types.FunctionType for c, m in
-      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (D, 'load_weights'))]))
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (D, 'load_weights'),
+       (U, '_reshape_kv_cache'))]))
 """
 
 
@@ -42,6 +46,23 @@ def test_warmup_crashes_without_the_shim_and_runs_with_it():
     assert on["error"] is None
     assert on["views"]["draft.0.swa"] == {"shape": [4, 64, 584], "stride": [37440, 584, 1], "page_bytes": 37440}
     assert {f"model.layers.{i}.attn.wkv.weight" for i in range(3)} <= set(on["loaded"])
+
+
+def test_view_guard_turns_a_narrow_view_into_a_clear_error_when_the_swa_patch_is_off():
+    report = last_json(run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-swa_kv_cache_spec"}).stdout)
+    error = report["error"]
+    assert error.startswith("HotfixError: kv_view_guard: DeepSeek-V4 fp8_ds_mla KV views of 584 bytes/token expected")
+    assert "draft.0.swa: SlidingWindowMLASpec(kv_quant_mode=NONE" in error and "(4, 64, 512)" in error
+    assert "target.compressed" not in error  # that one was corrected
+    assert "PR #47716" in error
+
+
+def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first():
+    code = "import vllm.v1.worker.gpu.attn_utils\n" + STATUS + "\n" + TARGETS + STATUS
+    first, then = (__import__("json").loads(line) for line in run_python(code).stdout.strip().splitlines()[-2:])
+    assert first["kv_view_guard"]["state"] == "pending"
+    assert "waiting for the verdicts" in first["kv_view_guard"]["detail"]
+    assert then["kv_view_guard"]["state"] == "installed"
 
 
 def test_draft_load_guard_names_the_unloaded_layers_when_the_remap_is_off():
@@ -164,7 +185,7 @@ def test_spawn_children_are_each_patched():
 import multiprocessing as mp, json
 
 def child(_):
-    import dspark_hotfix, vllm.models.deepseek_v4.attention, os
+    import dspark_hotfix, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, os
     return os.getpid(), [r['state'] for r in dspark_hotfix.status()]
 
 if __name__ == '__main__':

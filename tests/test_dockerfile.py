@@ -115,8 +115,8 @@ def test_replayed_image_passes_doctor_and_serves_patched(image, wheel):
     assert env["PYTHONPATH"].split(os.pathsep) == [str(image["root"] / "opt" / "dspark_hotfix"), str(STANDIN)]
     assert not (image["root"] / "wheels").exists()
     # What `vllm serve` would do in the container: import vLLM, patched.
-    proc = subprocess.run([image["python"], "-c", "import vllm.models.deepseek_v4.attention\n" + STATUS],
-                          env=env, capture_output=True, text=True)
+    serve = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n" + STATUS
+    proc = subprocess.run([image["python"], "-c", serve], env=env, capture_output=True, text=True)
     assert {r["state"] for r in last_json(proc.stdout).values()} == {"installed"}, proc.stderr
     # And the B arm of an A/B: the same image with the switch off.
     off = subprocess.run([image["python"], "-m", "dspark_hotfix", "doctor"], env={**env, "DSPARK_HOTFIX": "0"},

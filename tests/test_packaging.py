@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import STANDIN, STATUS, clean_env, last_json
 
-TARGETS = "import vllm.models.deepseek_v4.attention\n"
+TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
 IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
 
@@ -113,7 +113,7 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     assert report["sitecustomize"]["chained"] and report["sitecustomize"]["shadowed"].endswith("sitecustomize.py")
     assert {p["name"]: p["needed"] for p in report["patches"]} == {
         "remap_dspark_name": True, "attention_kv_cache_spec": True,
-        "swa_kv_cache_spec": True, "draft_load_coverage": True,
+        "swa_kv_cache_spec": True, "draft_load_coverage": True, "kv_view_guard": True,
     }
     swa = next(p for p in report["patches"] if p["name"] == "swa_kv_cache_spec")
     assert swa["detail"] == "needed (vLLM returns 512 bytes/token for fp8_ds_mla; shim gives 584)"

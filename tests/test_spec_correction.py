@@ -31,7 +31,10 @@ def vllm(standin_modules):
         DeepseekSparseSWABackend=sparse_swa.DeepseekSparseSWABackend,
         KVQuantMode=kv_cache_interface.KVQuantMode,
         get_kv_quant_mode=kv_cache_interface.get_kv_quant_mode,
-        kv_view_layout=attn_utils.kv_view_layout,
+        kv_view_layout=lambda spec, backend, blocks, dtype: attn_utils._reshape_kv_cache(
+            [SimpleNamespace(kv_cache_spec=spec, backend=backend, layer_names=["layer"])],
+            {"layer": blocks * spec.page_size_bytes}, dtype, [64], {},
+        )["layer"],
     )
 
 

@@ -29,29 +29,45 @@ class Verdict(NamedTuple):
 class Patch:
     name: str = ""
     module: str = ""
-    qualname: str = ""  # "Class.method"
+    qualname: str = ""  # "Class.method", or "function" for a module-level one
     parameters: tuple[str, ...] = ()
     summary: str = ""
+    # Patches whose verdicts decide this one (a guard that only makes sense
+    # where they apply): it waits for them, and is needed if any of them was
+    # installed or failed to install.
+    depends_on: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
         return f"{self.module}.{self.qualname}"
 
-    def resolve(self, module: Any) -> tuple[type, str, Any]:
-        """The class, method name and function this patch targets in ``module``.
+    def locate(self, module: Any) -> tuple[Any, str]:
+        """Where the target lives in ``module``: (class or module, attribute name).
+
+        ``qualname`` is ``Class.method`` for a method, or a bare name for a
+        module-level function. The owner is None when the class is missing.
+        """
+        owner_name, dot, name = self.qualname.rpartition(".")
+        if not dot:
+            return module, name
+        owner = getattr(module, owner_name, None)
+        return (owner if isinstance(owner, type) else None), name
+
+    def resolve(self, module: Any) -> tuple[Any, str, Any]:
+        """The owner, attribute name and function this patch targets in ``module``.
 
         Raises PatchUnavailable when the running vLLM has no such class or
-        method, or the method's parameters are not the ones the patch expects.
+        function, or its parameters are not the ones the patch expects.
         """
         import inspect
 
-        class_name, _, method = self.qualname.partition(".")
-        owner = getattr(module, class_name, None)
-        if not isinstance(owner, type):
-            raise PatchUnavailable(f"{module.__name__} has no class {class_name}")
-        function = owner.__dict__.get(method)
+        owner, name = self.locate(module)
+        if owner is None:
+            raise PatchUnavailable(f"{module.__name__} has no class {self.qualname.rpartition('.')[0]}")
+        function = owner.__dict__.get(name)
         if function is None or not callable(function):
-            raise PatchUnavailable(f"{class_name} defines no method {method}")
+            where = owner.__name__ if isinstance(owner, type) else module.__name__
+            raise PatchUnavailable(f"{where} defines no {'method' if owner is not module else 'function'} {name}")
         try:
             params = tuple(inspect.signature(function).parameters)
         except (TypeError, ValueError) as exc:
@@ -61,7 +77,7 @@ class Patch:
                 f"unexpected signature {self.qualname}({', '.join(params)}); "
                 f"expected ({', '.join(self.parameters)})"
             )
-        return owner, method, function
+        return owner, name, function
 
     def prepare(self, module: Any) -> None:
         """Resolve what the correction needs from vLLM; raise PatchUnavailable."""

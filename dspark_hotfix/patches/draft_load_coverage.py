@@ -50,7 +50,7 @@ class DraftLoadCoverage(Patch):
 
         from dspark_hotfix.hooks import unwrapped
 
-        owner = getattr(sys.modules.get(self.module), self.qualname.partition(".")[0], None)
+        owner = getattr(sys.modules.get(self.module), REMAP.qualname.partition(".")[0], None)
         remap = unwrapped(getattr(owner, "__dict__", {}).get("_remap_dspark_name"))
         if remap is None:
             return Verdict(None, "probe inconclusive (no _remap_dspark_name)")

@@ -45,16 +45,21 @@ def remap_dspark_name(
     range) is returned as it is. ``num_draft_layers`` may be a callable, so the
     count is only looked up for names that need it.
     """
-    if mapped is None or not mapped.startswith(_LAYERS) or not name.startswith("mtp."):
+    # Called once per checkpoint name. Every released vLLM answers mtp.{i}.<rest> with
+    # model.layers.{i}.<rest>: one comparison settles that case (13 == len(_LAYERS)).
+    if mapped is None or not mapped.startswith(_LAYERS) or mapped[13:] == name[4:]:
         return mapped
-    j, _, tail = mapped[len(_LAYERS):].partition(".")
+    if not name.startswith("mtp."):
+        return mapped
+    j, _, tail = mapped[13:].partition(".")
     i, dot, rest = name[4:].partition(".")
     if j == i or not dot or tail != rest or not (i.isdigit() and j.isdigit()):
         return mapped
     count = num_draft_layers() if callable(num_draft_layers) else num_draft_layers
-    if count is None or int(j) < count or int(i) >= count:
+    index = int(i)
+    if count is None or int(j) < count or index >= count:
         return mapped
-    return f"{_LAYERS}{int(i)}.{rest}"
+    return f"{_LAYERS}{index}.{rest}"
 
 
 def draft_layer_count(draft: Any) -> int | None:

@@ -30,6 +30,9 @@ def ensure_venv(version: str) -> tuple[Path, float]:
     stamp = venv / ".dspark-hotfix-ready"
     wanted = " ".join((f"vllm=={version}", *EXTRA))
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
+        # The tier activates the shim from the checkout only: an installed copy
+        # (its plugin entry point) left there by hand would blur what is tested.
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "dspark-hotfix"], capture_output=True)
         return python, 0.0
     start = time.monotonic()
     if not python.exists():

@@ -25,7 +25,7 @@ def run() -> dict:
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
     from vllm.models.deepseek_v4.nvidia.flashmla import flash_mla_with_kvcache
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
-    from vllm.v1.worker.gpu.attn_utils import kv_view_layout
+    from vllm.v1.worker.gpu.attn_utils import _reshape_kv_cache
 
     report: dict = {"views": {}, "loaded": None, "error": None}
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
@@ -40,8 +40,14 @@ def run() -> dict:
         for i, layer in enumerate(draft.model.layers):
             assert layer.attn.get_kv_cache_spec(config) is None  # SWA-only layers
             caches[f"draft.{i}.swa"] = (layer.attn.swa_cache.get_kv_cache_spec(config), DeepseekSparseSWABackend)
-        for name, (spec, backend) in caches.items():
-            shape, stride = kv_view_layout(spec, backend, NUM_BLOCKS, "fp8_ds_mla")
+        groups = [
+            SimpleNamespace(kv_cache_spec=spec, backend=backend, layer_names=[name])
+            for name, (spec, backend) in caches.items()
+        ]
+        raw = {name: NUM_BLOCKS * spec.page_size_bytes for name, (spec, _) in caches.items()}
+        views = _reshape_kv_cache(groups, raw, "fp8_ds_mla", [64], {})
+        for name, (spec, _) in caches.items():
+            shape, stride = views[name]
             report["views"][name] = {"shape": list(shape), "stride": list(stride), "page_bytes": spec.page_size_bytes}
         flash_mla_with_kvcache(
             report["views"]["draft.0.swa"]["shape"], report["views"]["target.compressed"]["shape"]
