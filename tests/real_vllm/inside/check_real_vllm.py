@@ -235,3 +235,27 @@ def test_doctor_on_real_vllm_says_nothing_is_needed(tmp_path):
     assert report["ok"] and report["sitecustomize"]["active"]
     assert all(p["needed"] is False for p in report["patches"]), report["patches"]
     assert all(p["found"] and p["signature"] for p in report["patches"] if p["name"] not in GUARDS)
+
+
+def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
+    reshape = _reshape_kv_cache()
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
+
+    from dspark_hotfix import HotfixError
+    from dspark_hotfix.patches.kv_view_guard import PATCH as GUARD
+
+    fixed = fixed_specs()["swa"]
+    for spec, expect_error in ((pre_fix(fixed, "no_quant_mode"), True), (fixed, False)):
+        group = SimpleNamespace(kv_cache_group_id=0, kv_cache_spec=spec, layer_names=["model.layers.43.attn.swa"],
+                                backend=DeepseekSparseSWABackend)
+        args = ([group], {"model.layers.43.attn.swa": torch.zeros(4 * spec.page_size_bytes, dtype=torch.int8)},
+                "fp8_ds_mla", [64], {})
+        views = reshape(*args)
+        if expect_error:
+            with pytest.raises(HotfixError, match=r"model\.layers\.43\.attn\.swa: SlidingWindowMLASpec\(kv_quant_mode="
+                               r"NONE, cache_dtype_str='fp8_ds_mla'\) viewed as \(4, 64, 512\): 512 bytes/token"):
+                GUARD.correct(None, args, {}, views)
+        else:
+            assert GUARD.correct(None, args, {}, views) is views
