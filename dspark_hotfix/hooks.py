@@ -138,17 +138,21 @@ def _activate() -> None:
             else _Record(p, DISABLED, f"excluded by {config.PATCHES}")
             for p in ALL
         }
-        import wrapt
-    except ImportError as exc:
-        for record in reg.records.values():
-            if record.state == PENDING:
-                record.state, record.detail = FAILED, f"wrapt is not importable ({exc})"
-        _log().warning(
-            "not active: %s. Install wrapt>=2 where vLLM runs; vLLM runs unpatched.", exc
-        )
-        return
     except Exception as exc:  # the shim must never break `import vllm`
         _log().warning("not active: %s: %s; vLLM runs unpatched.", type(exc).__name__, exc)
+        return
+    try:
+        import wrapt
+    except Exception as exc:  # absent, or broken in this environment
+        why = f"wrapt is not importable ({type(exc).__name__}: {exc})"
+        for record in reg.records.values():
+            if record.state == PENDING:
+                record.state, record.detail = FAILED, why
+        if settings().strict:
+            raise HotfixError(
+                f"{why}; install wrapt>=2 where vLLM runs, or set {config.ENABLE}=0"
+            ) from exc
+        _log().warning("not active: %s; install wrapt>=2 where vLLM runs. vLLM runs unpatched.", why)
         return
     generation = reg.generation
     for record in reg.records.values():
@@ -168,13 +172,17 @@ def _hook(record: _Record, generation: int) -> Any:
     return on_import
 
 
-def _fail(record: _Record, why: str) -> None:
-    patch = record.patch
-    record.state, record.detail = FAILED, why
-    remedy = (
+def _remedy(patch: Patch) -> str:
+    return (
         f"this vLLM build differs from what {patch.name} expects; check "
         f"`dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
     )
+
+
+def _fail(record: _Record, why: str) -> None:
+    patch = record.patch
+    record.state, record.detail = FAILED, why
+    remedy = _remedy(patch)
     if settings().strict:
         raise HotfixError(f"{patch.name}: cannot patch {patch.target}: {why} ({remedy})")
     _log().warning("%s: not applied to %s: %s; vLLM runs unpatched (%s)", patch.name, patch.target, why, remedy)
@@ -294,7 +302,10 @@ def _first_correction(record: _Record, before: Any, after: Any) -> None:
 def _correction_failed(record: _Record, exc: Exception) -> None:
     why = f"correction raised {type(exc).__name__}: {exc}"
     if settings().strict:
-        raise HotfixError(f"{record.patch.name}: {why}; vLLM's own result was not changed") from exc
+        patch = record.patch
+        raise HotfixError(
+            f"{patch.name}: {why} in {patch.target}; vLLM's own result was not changed ({_remedy(patch)})"
+        ) from exc
     if not record.warned:
         record.warned = True
         record.detail = f"{record.detail}; {why} (vLLM's own result returned)"

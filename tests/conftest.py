@@ -92,16 +92,22 @@ from dspark_hotfix.patches import ALL as _ALL
 
 def _depth(f):
     n = 0
-    while not isinstance(f, _types.FunctionType) and hasattr(f, '__wrapped__'):
+    while type(f) is not _types.FunctionType and hasattr(f, '__wrapped__'):  # a proxy passes isinstance()
         f, n = f.__wrapped__, n + 1
-    return n if isinstance(f, _types.FunctionType) else -1
+    return n if type(f) is _types.FunctionType else -1
 
-print(_json.dumps({p.name: _depth(getattr(_sys.modules[p.module], p.qualname.partition('.')[0])
-                                  .__dict__[p.qualname.partition('.')[2]])
-                   for p in _ALL if p.module in _sys.modules}))
+def _target(p):
+    *owners, name = p.qualname.split('.')
+    owner = _sys.modules[p.module]
+    for part in owners:
+        owner = getattr(owner, part)
+    return vars(owner)[name]
+
+print(_json.dumps({p.name: _depth(_target(p)) for p in _ALL if p.module in _sys.modules}))
 """
 """Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain
-function in the class ``__dict__``: 0 untouched, 1 patched once, -1 no plain function."""
+function in its class's (or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no
+plain function underneath."""
 
 
 def patch_names() -> tuple[str, ...]:
@@ -154,3 +160,18 @@ def listing(root: Path) -> dict[str, tuple[int, int]]:
             st = path.lstat()
             out[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def copy_of_shim(root: Path) -> Path:
+    """The shim as an operator deploys it from a checkout: ``dspark_hotfix/`` and ``sitecustomize.py``."""
+    import shutil
+
+    root.mkdir(parents=True)
+    shutil.copytree(REPO / "dspark_hotfix", root / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "sitecustomize.py", root / "sitecustomize.py")  # the link's target, as a file
+    return root
+
+
+def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
+    return subprocess.run(argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120)

@@ -53,7 +53,7 @@ def remap_dspark_name(
         return mapped
     j, _, tail = mapped[13:].partition(".")
     i, dot, rest = name[4:].partition(".")
-    if j == i or not dot or tail != rest or not (i.isdigit() and j.isdigit()):
+    if j == i or not dot or tail != rest or not (i.isdecimal() and j.isdecimal()):  # int() accepts these
         return mapped
     count = num_draft_layers() if callable(num_draft_layers) else num_draft_layers
     index = int(i)

@@ -1,0 +1,187 @@
+"""Threads, child processes and reloads: every patch applied once, never half.
+
+A serving process imports vLLM from many threads, forks and spawns workers,
+and development servers reload modules. (``spawn`` children are in
+test_activation.py.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark_hotfix.patches import ALL
+from tests.conftest import WRAP_DEPTH, json_lines, patch_names, patched_lines, run_python, warning_lines
+
+MODULES = sorted({p.module for p in ALL})
+IMPORT_ALL = "".join(f"import {m}\n" for m in MODULES)
+# The stand-in's DeepSeek-V4 modules import each other in a cycle; the others are leaves.
+LEAVES = [m for m in MODULES if not m.startswith("vllm.models.deepseek_v4")]
+
+STATES = "import dspark_hotfix; print(json.dumps({r['name']: r['state'] for r in dspark_hotfix.status()}))\n"
+
+# Half the threads import a leaf target first, all import the DeepSeek-V4
+# package (which pulls the other targets in), then every target; a quarter call
+# install() as vLLM's plugin loader would, racing the import watcher. Threads
+# that enter the stand-in's import cycle at different modules can deadlock in
+# Python's own import system, with or without the shim: that order is avoided,
+# and the same script is checked without the shim.
+THREADS = f"""
+import importlib, json, sys, threading
+LEAVES, MODULES = {LEAVES!r}, {MODULES!r}
+sys.setswitchinterval(1e-6)
+N = 16
+barrier = threading.Barrier(N)
+errors = []
+
+def worker(k):
+    barrier.wait()
+    try:
+        if k % 2 == 0:
+            importlib.import_module(LEAVES[k // 2 % len(LEAVES)])
+        importlib.import_module("vllm.models.deepseek_v4")
+        for name in MODULES:
+            importlib.import_module(name)
+        if k % 4 == 1 and "dspark_hotfix" in sys.modules:
+            import dspark_hotfix
+            dspark_hotfix.install(source="vllm-plugin")
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(N)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sixteen_threads_importing_at_once_apply_each_patch_exactly_once(attempt):
+    proc = run_python(THREADS + WRAP_DEPTH + STATES)
+    errors, depth, states = json_lines(proc.stdout)
+    assert errors == []
+    assert depth == dict.fromkeys(patch_names(), 1)  # Class.__dict__[m].__wrapped__ is vLLM's plain function
+    assert states == dict.fromkeys(patch_names(), "installed")
+    for name in patch_names():
+        assert len(patched_lines(proc.stderr, name)) == 1, proc.stderr
+    assert warning_lines(proc.stderr) == []
+
+
+def test_the_thread_script_imports_cleanly_without_the_shim():
+    # Without the shim nothing imports typing or dataclasses before the threads
+    # race, and Python 3.11 then sometimes hands a thread a half-initialised
+    # typing ("no attribute 'ClassVar'"). The shim's activation imports them
+    # under vllm's import lock; here they are imported first.
+    preload = "import dataclasses, enum, re, typing\n"
+    errors, depth = json_lines(run_python(preload + THREADS + WRAP_DEPTH, env={"DSPARK_HOTFIX": "0"}).stdout)
+    assert errors == [] and depth == dict.fromkeys(patch_names(), 0)
+
+
+CHILDREN = """
+import json, multiprocessing as mp, os, sys
+
+def child(_):
+    import io, contextlib
+    {import_all}
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+    from types import SimpleNamespace
+    import dspark_hotfix
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(WRAP_DEPTH, {{}})
+    config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
+    spec = DeepseekV4SWACache().get_kv_cache_spec(config)
+    return [os.getpid(), json.loads(out.getvalue()), {{r["name"]: r["state"] for r in dspark_hotfix.status()}},
+            int(spec.kv_quant_mode)]
+
+if __name__ == "__main__":
+    if {parent_imports}:
+        {import_all}
+    with mp.get_context({method!r}).Pool(3) as pool:
+        print(json.dumps([os.getpid(), pool.map(child, range(6), chunksize=1)]))
+"""
+
+
+def run_children(tmp_path, method: str, parent_imports: bool):
+    script = tmp_path / f"children_{method}.py"
+    script.write_text(f"WRAP_DEPTH = {WRAP_DEPTH!r}\n" + CHILDREN.format(
+        method=method, parent_imports=parent_imports, import_all=IMPORT_ALL.strip().replace("\n", "; ")))
+    proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    parent, results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc, parent, results
+
+
+@pytest.mark.parametrize(
+    ("method", "parent_imports"),
+    [("fork", True), ("fork", False), ("forkserver", False)],
+    ids=["fork-after-patching", "fork-before-vllm", "forkserver"],
+)
+def test_forked_and_forkserver_children_are_patched_once_each(tmp_path, method, parent_imports):
+    proc, parent, results = run_children(tmp_path, method, parent_imports)
+    children = {pid for pid, *_ in results}
+    assert parent not in children and len(results) == 6
+    for _pid, depth, states, quant_mode in results:
+        assert depth == dict.fromkeys(patch_names(), 1)
+        assert states == dict.fromkeys(patch_names(), "installed")
+        assert quant_mode != 0  # the child's SWA spec is corrected
+    for name in patch_names():
+        pids = [line.split("[", 1)[1].split("]", 1)[0] for line in patched_lines(proc.stderr, name)]
+        assert len(pids) == len(set(pids)), f"{name} patched twice in one process"
+        # A fork after patching inherits the wrapper: only the parent says it patched.
+        assert set(pids) == ({str(parent)} if parent_imports else {str(p) for p in children})
+
+
+RELOAD = """
+import importlib, json, sys
+from types import SimpleNamespace
+import dspark_hotfix
+from dspark_hotfix.patches import ALL
+config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
+
+def calls():
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+    return {"swa_kv_cache_spec": int(S().get_kv_cache_spec(config).kv_quant_mode),
+            "attention_kv_cache_spec": int(A(compress_ratio=4).get_kv_cache_spec(config).kv_quant_mode),
+            "remap_dspark_name": D()._remap_dspark_name("mtp.1.attn.wkv.weight")}
+
+def rows():
+    return {r["name"]: [r["state"], r["detail"]] for r in dspark_hotfix.status()}
+
+importlib.reload(sys.modules[TARGET])
+exec(WRAP_DEPTH)
+print(json.dumps([rows(), calls()]))
+dspark_hotfix.install()
+exec(WRAP_DEPTH)
+print(json.dumps([rows(), calls()]))
+"""
+PATCHED_CALLS = {
+    "swa_kv_cache_spec": 1, "attention_kv_cache_spec": 1, "remap_dspark_name": "model.layers.1.attn.wkv.weight",
+}
+
+
+@pytest.mark.parametrize("target", MODULES)
+def test_reload_of_a_target_is_reported_and_install_applies_it_again(target):
+    from dspark_hotfix.patches import ALL
+
+    reloaded = {p.name for p in ALL if p.module == target}
+    code = f"TARGET = {target!r}\nWRAP_DEPTH = {WRAP_DEPTH!r}\n{IMPORT_ALL}" + RELOAD
+    proc = run_python(code)
+    depth_after_reload, (rows, _), depth_after_install, (rows_again, calls_again) = json_lines(proc.stdout)
+    for name in patch_names():
+        # Never half-applied: wrapped exactly once, or vLLM's plain function and status says it was lost.
+        assert depth_after_reload[name] in (0, 1)
+        if depth_after_reload[name] == 0:
+            assert name in reloaded
+            assert rows[name][0] == "failed" and "reloaded" in rows[name][1]
+        else:
+            assert rows[name][0] == "installed"
+        assert depth_after_install[name] == 1 and rows_again[name][0] == "installed"
+    assert {n for n in patch_names() if depth_after_reload[n] == 0} == reloaded  # the reload did drop them
+    assert calls_again == PATCHED_CALLS  # the reloaded classes are corrected again
+    lost = [w for w in warning_lines(proc.stderr) if "reloaded" in w]
+    assert sorted(w.split(" WARNING: ")[1].split(":")[0] for w in lost) == sorted(reloaded)  # one warning each
