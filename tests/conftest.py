@@ -56,7 +56,7 @@ def last_json(stdout: str) -> object:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-STATUS = "import json, dspark_hotfix; print(json.dumps({r['name']: r for r in dspark_hotfix.status()}))"
+STATUS = "import json, dspark_hotfix; print(json.dumps({r['name']: r for r in dspark_hotfix.status()}))\n"
 
 
 @pytest.fixture

@@ -37,7 +37,6 @@ from tests.conftest import (
 )
 
 IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
-ROWS = STATUS + "\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))\n"
 
 
@@ -48,7 +47,7 @@ def states(stdout: str) -> dict[str, str]:
 @pytest.mark.parametrize("flag", ["-S", "-E", "-I"])
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
     # The code puts the shim and vLLM on sys.path itself, as an embedding application would.
-    code = f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + IMPORT_ALL + WRAP_DEPTH + ROWS
+    code = f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + IMPORT_ALL + WRAP_DEPTH + STATUS
     proc = run_python(code, flags=(flag,))
     depth, rows = json_lines(proc.stdout)
     assert depth == dict.fromkeys(patch_names(), 0)
@@ -58,7 +57,7 @@ def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
 
 @pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])
 def test_safe_path_keeps_the_shim_active(flags, env):
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + ROWS, flags=flags, env=env)
+    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
     assert depth == dict.fromkeys(patch_names(), 1)
     assert {r["state"] for r in rows.values()} == {"installed"}
@@ -78,7 +77,7 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     # Root ignores permissions, so compare listings; -B keeps the interpreter's
     # own bytecode cache out of the comparison: what remains would be the shim's.
     before = listing(read_only_shim)
-    proc = run_python(IMPORT_ALL + ROWS + WARMUP, path=(read_only_shim, STANDIN), flags=("-B",))
+    proc = run_python(IMPORT_ALL + STATUS + WARMUP, path=(read_only_shim, STANDIN), flags=("-B",))
     assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"installed"}
     assert last_json(proc.stdout)["error"] is None
     assert listing(read_only_shim) == before
@@ -98,7 +97,7 @@ def read_only_mount_works() -> bool:
 @pytest.mark.skipif(not read_only_mount_works(), reason="needs unshare -m and a bind mount (CAP_SYS_ADMIN)")
 def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(read_only_shim), str(STANDIN)]))
-    code = IMPORT_ALL + ROWS + WARMUP + f"open({str(read_only_shim / 'probe')!r}, 'w')"
+    code = IMPORT_ALL + STATUS + WARMUP + f"open({str(read_only_shim / 'probe')!r}, 'w')"
     before = listing(read_only_shim)
     proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
@@ -116,7 +115,7 @@ def test_no_home_changes_nothing(home):
     env.pop("HOME", None)
     if home:
         env["HOME"] = home
-    proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + ROWS], env)
+    proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + STATUS], env)
     depth, rows = json_lines(proc.stdout)
     assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
     assert warning_lines(proc.stderr) == []
@@ -137,7 +136,7 @@ def no_wrapt(request, tmp_path):
 def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     python, extra = no_wrapt
     path = (*extra, REPO, STANDIN)
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + ROWS + WARMUP, python=python, path=path)
+    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS + WARMUP, python=python, path=path)
     depth, rows, warmup = json_lines(proc.stdout)
     off = last_json(run_python(WARMUP, python=python, path=path, env={"DSPARK_HOTFIX": "0"}).stdout)
     assert depth == dict.fromkeys(patch_names(), 0)
@@ -171,7 +170,7 @@ def shadowed(tmp_path):
 
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     other = shadowed("import vllm.models.deepseek_v4, sys\nsys.stderr.write('image customisation imported vllm\\n')\n")
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + ROWS, path=(REPO, STANDIN, other))
+    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
     assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
@@ -190,7 +189,7 @@ def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_p
 def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     copy = copy_of_shim(tmp_path / "copy")
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
-    code = IMPORT_ALL + WRAP_DEPTH + ROWS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
+    code = IMPORT_ALL + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
     proc = run_python(code, path=(*shims, STANDIN))
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])

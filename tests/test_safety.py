@@ -32,7 +32,6 @@ from tests.conftest import (
 )
 
 IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
-ROWS = STATUS + "\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup\nwarmup.run()\n"
 LOG_LINE = re.compile(r"dspark_hotfix\[(\d+)\] (INFO|WARNING): ")
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "DSPARK_HOTFIX_LOG")
@@ -65,15 +64,15 @@ def test_nothing_in_the_working_directory_is_read_or_run(decoy_cwd, tmp_path, ho
     cwd, marks = decoy_cwd
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(STANDIN)]))
     if how == "python -c, vLLM never imported":
-        argv, imports = [sys.executable, "-c", ROWS], False
+        argv, imports = [sys.executable, "-c", STATUS], False
     elif how == "python prog.py":
         prog = tmp_path / "bin" / "prog.py"
         prog.parent.mkdir()
-        prog.write_text(IMPORT_ALL + ROWS)
+        prog.write_text(IMPORT_ALL + STATUS)
         argv, imports = [sys.executable, str(prog)], True
     else:
         env["PYTHONSAFEPATH"] = "1"
-        argv, imports = [sys.executable, "-c", IMPORT_ALL + ROWS], True
+        argv, imports = [sys.executable, "-c", IMPORT_ALL + STATUS], True
     proc = run_in_env(argv, env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     assert list(marks.iterdir()) == [] and "DECOY" not in proc.stdout + proc.stderr
@@ -94,7 +93,7 @@ PAYLOADS = {
 def test_switch_values_are_never_evaluated_and_warn_once_on_one_line(tmp_path, var, payload):
     mark = tmp_path / "pwned"
     value = PAYLOADS[payload].format(mark=mark)
-    proc = run_python(IMPORT_ALL + ROWS, env={var: value}, cwd=tmp_path)
+    proc = run_python(IMPORT_ALL + STATUS, env={var: value}, cwd=tmp_path)
     assert not mark.exists()
     assert {r["state"] for r in last_json(proc.stdout).values()} == {"installed"}  # malformed: the default
     warnings = warning_lines(proc.stderr)
@@ -216,7 +215,7 @@ def fixed_standin(tmp_path):
 def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
     warmup = f"import sys; sys.path.insert(0, {str(fixed_standin)!r}); import warmup, json\n" \
              "print(json.dumps(warmup.run()))\n"
-    code = IMPORT_ALL + WRAP_DEPTH + warmup + ROWS
+    code = IMPORT_ALL + WRAP_DEPTH + warmup + STATUS
     on = run_python(code, path=(REPO, fixed_standin))
     off = run_python(code, path=(REPO, fixed_standin), env={"DSPARK_HOTFIX": "0"})
     depth, report, rows = json_lines(on.stdout)
