@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from dspark_hotfix import _bootstrap, config
 
@@ -28,6 +29,12 @@ INSTALLED = "installed"  # vLLM's function is wrapped
 NOT_NEEDED = "not_needed"  # the running vLLM is already right: left untouched
 DISABLED = "disabled"  # switched off (or uninstalled)
 FAILED = "failed"  # the target was imported but the patch could not be applied
+APPLYING = "applying"  # claimed by one thread; reported as pending
+
+# Guards the PENDING -> APPLYING claim only. It is never held while vLLM code
+# or an import runs: hooks run under the import lock of their module, and a
+# probe that imported a module another thread is hooking would deadlock.
+_claim_lock = threading.Lock()
 
 
 class HotfixError(RuntimeError):
@@ -164,7 +171,7 @@ def _hook(record: _Record, generation: int) -> Any:
     def on_import(module: Any) -> None:
         # wrapt runs hooks once per registration; an uninstall since then
         # bumps the generation and turns this one into a no-op.
-        if generation != _registry.generation or record.state != PENDING:
+        if generation != _registry.generation:
             return
         _guarded_apply(record, module)
         _resume_deferred()
@@ -198,8 +205,9 @@ def _apply(record: _Record, module: Any) -> None:
     # looked at: where they are not needed, it must not touch (or judge) vLLM.
     verdict = _dependency_verdict(patch) if patch.depends_on else None
     if patch.depends_on and verdict is None:
-        record.deferred = module
         record.detail = f"waiting for the verdicts of {', '.join(patch.depends_on)}"
+        with _claim_lock:
+            record.deferred, record.state = module, PENDING
         return None
     if verdict is None or verdict.needed:
         try:
@@ -239,20 +247,36 @@ def _resume_deferred() -> None:
     progress = True
     while progress:
         progress = False
-        for record in _registry.records.values():
-            module, record.deferred = record.deferred, None
-            if module is not None and record.state == PENDING:
+        for record in list(_registry.records.values()):
+            with _claim_lock:
+                module = record.deferred if record.state == PENDING else None
+                record.deferred = None
+            if module is not None:
                 _guarded_apply(record, module)
                 progress = progress or record.deferred is None
 
 
+def _claim(record: _Record) -> bool:
+    """Let exactly one thread apply a pending patch."""
+    with _claim_lock:
+        if record.state != PENDING:
+            return False
+        record.state = APPLYING
+        return True
+
+
 def _guarded_apply(record: _Record, module: Any) -> None:
+    if not _claim(record):
+        return
     try:
         _apply(record, module)
     except HotfixError:
         raise
     except Exception as exc:
         _fail(record, f"{type(exc).__name__}: {exc}")
+    finally:
+        if record.state == APPLYING:  # a strict-mode stop: leave it retryable
+            record.state = PENDING
 
 
 def _corrector(record: _Record) -> Any:
@@ -390,7 +414,7 @@ def _row(record: _Record) -> dict[str, Any]:
     return {
         "name": record.patch.name,
         "target": record.patch.target,
-        "state": record.state,
+        "state": PENDING if record.state == APPLYING else record.state,
         "corrections": record.corrections,
         "detail": record.detail,
         "activated_by": _registry.activated_by,
