@@ -236,7 +236,7 @@ def _dependency_verdict(patch: Patch) -> Any:
     records = [_registry.records[n] for n in patch.depends_on if n in _registry.records]
     applied = [r.patch.name for r in records if r.state in (INSTALLED, FAILED)]
     if applied:
-        return Verdict(True, f"needed (guards where {', '.join(applied)} applies)")
+        return Verdict(True, f"needed (guarding {', '.join(applied)})")
     if all(r.state in (NOT_NEEDED, DISABLED) for r in records):
         return Verdict(False, f"not needed ({', '.join(patch.depends_on)} not needed or excluded)")
     return None
