@@ -15,7 +15,7 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 	$(PY) scripts/demo.py
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence
+	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence bench
 	$(PY) -m mypy
 
 test: lint  ## everything CI runs: lint, types, unit, subprocess and real-vLLM tiers
@@ -29,6 +29,9 @@ real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases in
 
 gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu/ (see docs/evidence/gpu-h200.md)
 	$(PYTHON) scripts/gpu-evidence prepare
+
+bench: $(VENV)/.ready  ## A/B costs of the shim (start-up, vLLM import, per call, memory) -> docs/BENCHMARKS.md
+	$(PY) bench/run.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

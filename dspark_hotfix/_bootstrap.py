@@ -4,7 +4,8 @@ Everything here runs in every Python process of a serving image, so it is the
 standard library only and as little of it as possible: no ``from __future__``,
 no ``typing``, no ``importlib.abc`` base class (importing it pulls in
 ``pathlib`` and ``re``), no logging. The registry (``hooks``), wrapt and the
-patches are imported when vLLM is, and never before. Nothing here raises: a
+patches are imported when vLLM imports the packages of the patches' targets,
+and never before. Nothing here raises: a
 start-up hook that fails would break every process in the image.
 """
 
@@ -13,11 +14,29 @@ import sys
 
 FALSE_WORDS = ("0", "false", "off", "no")
 
+# The packages whose first import activates the registry: the parents of the
+# patches' target modules (tests/test_activation.py checks that they agree).
+# Activating there, not at `import vllm`, keeps wrapt and the registry out of
+# processes that never load DeepSeek-V4 (or an MLA backend, or the V2 runner),
+# and loads them late, after most of vLLM, where they cost less memory.
+TRIGGERS = frozenset((
+    "vllm.models.deepseek_v4",
+    "vllm.models.deepseek_v4.nvidia",
+    "vllm.v1.attention.backends.mla",
+    "vllm.v1.worker.gpu",
+))
+
+
+def triggered():
+    """Whether a package that activates the registry is imported already."""
+    return any(name in sys.modules for name in TRIGGERS)
+
 
 class VllmImportWatcher:
-    """A meta-path finder that notices the first ``import vllm``.
+    """A meta-path finder that notices the first import of a TRIGGERS package.
 
-    It never finds a module itself. It stays on ``sys.meta_path`` once fired:
+    It never finds a module itself; the packages' modules are imported after
+    them, through wrapt's finder, which is in place by then. It stays on ``sys.meta_path`` once fired:
     removing a finder while the import system iterates that list would skip the
     next finder.
     """
@@ -29,7 +48,7 @@ class VllmImportWatcher:
         self.source = source
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == "vllm" and not self.fired:
+        if fullname in TRIGGERS and not self.fired:
             self.fired = True
             try:
                 from dspark_hotfix import hooks
@@ -55,7 +74,7 @@ def boot(sitecustomize_file):
     """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
     try:
         if os.environ.get("DSPARK_HOTFIX", "").strip().lower() not in FALSE_WORDS:
-            if "vllm" in sys.modules:  # imported by an earlier sitecustomize or .pth
+            if triggered():  # imported by an earlier sitecustomize or .pth
                 from dspark_hotfix import hooks
 
                 hooks.activate("sitecustomize")

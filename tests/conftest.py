@@ -92,7 +92,7 @@ from dspark_hotfix.patches import ALL as _ALL
 
 def _depth(f):
     n = 0
-    while type(f) is not _types.FunctionType and hasattr(f, '__wrapped__'):  # a proxy passes isinstance()
+    while hasattr(f, '__wrapped__'):
         f, n = f.__wrapped__, n + 1
     return n if type(f) is _types.FunctionType else -1
 

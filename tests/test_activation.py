@@ -19,7 +19,7 @@ from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
 import vllm.v1.worker.gpu.attn_utils as U
-print(json.dumps([type(c.__dict__[m]) is types.FunctionType for c, m in
+print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
       ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (D, 'load_weights'),
        (U, '_reshape_kv_cache'))]))
 """
@@ -243,3 +243,17 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
     assert "dspark_hotfix._bootstrap" in loaded  # the shim is active ...
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.hooks", "dspark_hotfix.config", "dspark_hotfix.patches"})
+
+
+def test_activation_triggers_are_the_packages_of_the_targets():
+    from dspark_hotfix import _bootstrap
+    from dspark_hotfix.patches import ALL
+
+    assert {p.module.rpartition(".")[0] for p in ALL} == _bootstrap.TRIGGERS
+
+
+def test_a_vllm_process_that_never_loads_deepseek_v4_never_imports_wrapt():
+    code = "import vllm, vllm.v1.kv_cache_interface, sys\nprint(repr(sorted(sys.modules)))"
+    loaded = set(eval(run_python(code).stdout))
+    assert "dspark_hotfix._bootstrap" in loaded
+    assert not loaded & {"wrapt", "dspark_hotfix.hooks", "logging"}

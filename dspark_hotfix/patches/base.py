@@ -68,6 +68,10 @@ class Patch:
         if function is None or not callable(function):
             where = owner.__name__ if isinstance(owner, type) else module.__name__
             raise PatchUnavailable(f"{where} defines no {'method' if owner is not module else 'function'} {name}")
+        if not inspect.isfunction(function):
+            # A staticmethod, classmethod or another tool's proxy: wrapping it in
+            # a plain function would change how it binds.
+            raise PatchUnavailable(f"{self.qualname} is a {type(function).__name__}, not a plain function")
         try:
             params = tuple(inspect.signature(function).parameters)
         except (TypeError, ValueError) as exc:

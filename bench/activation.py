@@ -1,0 +1,59 @@
+"""The shim's own work in a process that imports vLLM, timed from inside; run by ``bench/run.py``.
+
+Run without the shim on the path: vLLM's target module is imported first, then
+the shim is activated by hand, which imports wrapt and the registry and runs
+the post-import hooks (the probes) of the targets already imported. Added to
+that is what the shim costs every import: the two meta-path finders (the
+shim's watcher from interpreter start, wrapt's once activated) per module, and
+the directory on PYTHONPATH, searched first for each top-level name. The sum is
+the shim's share of the import without the run-to-run noise of a 10 s import.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import timeit
+from pathlib import Path
+
+TARGET = "vllm.models.deepseek_v4.attention"
+
+
+def per_call_ns(find_spec: object, name: str) -> float:
+    timer = timeit.Timer(f"find_spec({name!r}, None)", globals={"find_spec": find_spec})
+    return min(timer.repeat(20, 2000)) / 2000 * 1e9
+
+
+def main() -> None:
+    importlib.import_module(TARGET)
+    modules = len(sys.modules)
+    top_level = sum("." not in name for name in sys.modules)
+    repo = str(Path(__file__).resolve().parent.parent)
+    sys.path.insert(0, repo)
+    start = time.perf_counter()
+    from dspark_hotfix import hooks
+
+    hooks.activate("bench")
+    activation = time.perf_counter() - start
+    from dspark_hotfix import _bootstrap
+
+    watcher = _bootstrap.VllmImportWatcher("bench")
+    watcher.fired = True
+    wrapt_finder = next(f for f in sys.meta_path if type(f).__module__.startswith("wrapt"))
+    path_entry = sys.path_hooks[-1](repo)  # the FileFinder that PYTHONPATH's directory gets
+    finders = {
+        "watcher": per_call_ns(watcher.find_spec, "vllm.some.module"),
+        "wrapt": per_call_ns(wrapt_finder.find_spec, "vllm.some.module"),
+    }
+    states = {row["name"]: row["state"] for row in hooks.status()}
+    print(json.dumps({
+        "modules": modules, "activation_s": activation, "find_spec_ns": finders, "states": states,
+        "top_level": top_level, "path_entry_ns": per_call_ns(path_entry.find_spec, "some_module"),
+    }))
+
+
+if __name__ == "__main__":
+    main()
