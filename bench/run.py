@@ -241,7 +241,8 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str]) 
         f"## 2. `{IMPORT}` on real vLLM {VLLM}",
         "",
         f"`{python} -c '{IMPORT}'`, {rounds} interleaved rounds after {warmup} warm-up round. In A the shim "
-        "imports its registry and wrapt when vLLM imports the DeepSeek-V4 packages and probes the targets as they are imported "
+        "imports its registry and wrapt when vLLM imports the DeepSeek-V4 packages and probes the targets "
+        "as they are imported "
         f"(patch states at the end: {json.dumps(states)}).",
         "",
         "| arm | min s | median s | max s | runs |",
