@@ -68,7 +68,6 @@ class _Registry:
         self.records: dict[str, _Record] = {}
         self.active = False
         self.activated_by: str | None = None
-        self.sources: list[str] = []
         self.complained = False
         self.generation = 0
 
@@ -105,7 +104,6 @@ def install(source: str = "api") -> None:
     :func:`status` for what happened.
     """
     reg = _registry
-    reg.sources.append(source)
     _complain_once()
     if not settings().enabled:
         return
@@ -126,13 +124,6 @@ def activate(source: str) -> None:
         return
     if reg.activated_by is None:
         reg.activated_by = source
-    _activate()
-
-
-def _activate() -> None:
-    reg = _registry
-    if reg.active:
-        return
     reg.active = True
     try:
         from dspark_hotfix.patches import ALL
@@ -375,18 +366,17 @@ def status() -> list[dict[str, Any]]:
         from dspark_hotfix.patches import ALL
 
         watcher = next((f for f in sys.meta_path if isinstance(f, _bootstrap.VllmImportWatcher)), None)
+        by = reg.activated_by or getattr(watcher, "source", None)
         if not settings().enabled:
             state, detail = DISABLED, f"{config.ENABLE}=0"
-        elif watcher is None and reg.activated_by is None:
+        elif by is None:
             state, detail = DISABLED, "not installed in this process"
         else:
-            if reg.activated_by is None and watcher is not None:
-                reg.activated_by = watcher.source
             state, detail = PENDING, "waiting for vLLM to import the DeepSeek-V4 modules"
-        return [_row(_Record(p, state, detail)) for p in ALL]
+        return [_row(_Record(p, state, detail), by) for p in ALL]
     for record in reg.records.values():
         _check_still_wrapped(record)
-    return [_row(record) for record in reg.records.values()]
+    return [_row(record, reg.activated_by) for record in reg.records.values()]
 
 
 def _check_still_wrapped(record: _Record) -> None:
@@ -419,13 +409,13 @@ def _reapply_lost() -> None:
             _guarded_apply(record, module)
 
 
-def _row(record: _Record) -> dict[str, Any]:
+def _row(record: _Record, activated_by: str | None) -> dict[str, Any]:
     return {
         "name": record.patch.name,
         "target": record.patch.target,
         "state": PENDING if record.state == APPLYING else record.state,
         "corrections": record.corrections,
         "detail": record.detail,
-        "activated_by": _registry.activated_by,
+        "activated_by": activated_by,
         "pid": os.getpid(),
     }
