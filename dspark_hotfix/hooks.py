@@ -209,7 +209,7 @@ def _apply(record: _Record, module: Any) -> None:
         verdict = patch.probe(original)
     if verdict.needed is False:
         record.state, record.detail = NOT_NEEDED, verdict.detail
-        _log().info("%s: %s; %s left untouched", patch.name, verdict.detail, patch.target)
+        _log().debug("%s: %s; %s left untouched", patch.name, verdict.detail, patch.target)
         return None
     wrapper = _corrector(record, original, method=isinstance(owner, type))
     setattr(owner, method, wrapper)

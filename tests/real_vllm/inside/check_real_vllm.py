@@ -260,3 +260,12 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
                 GUARD.correct(None, args, {}, views)
         else:
             assert GUARD.correct(None, args, {}, views) is views
+
+
+def test_fixed_release_hears_nothing_from_the_shim_at_the_default_level():
+    proc = _run("import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils", {},
+                os.environ["PYTHONPATH"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dspark_hotfix" not in proc.stderr + proc.stdout
+    debug = _run("import vllm.models.deepseek_v4.attention", {"DSPARK_HOTFIX_LOG": "DEBUG"}, os.environ["PYTHONPATH"])
+    assert "swa_kv_cache_spec: not needed (vLLM already returns 584 bytes/token)" in debug.stderr
