@@ -73,8 +73,12 @@ def _patch_report(patch: Any, selected: bool, earlier: list[dict[str, Any]]) -> 
         "detail": "",
     }
     if patch.depends_on:
-        # As the hooks decide: a guard of patches that are not needed is not looked at.
-        guarded = [r["name"] for r in earlier if r["name"] in patch.depends_on and r["needed"]]
+        # As the hooks decide: a guard is needed where a patch it guards would be
+        # installed (selected and needed) or would fail; otherwise it is not looked at.
+        guarded = [
+            r["name"] for r in earlier
+            if r["name"] in patch.depends_on and r["selected"] and (r["needed"] or r["signature"] is not True)
+        ]
         if not guarded:
             row.update(found=None, signature=None, needed=False, detail="not needed (guards nothing needed)")
             return row

@@ -257,3 +257,18 @@ def test_a_vllm_process_that_never_loads_deepseek_v4_never_imports_wrapt():
     loaded = set(eval(run_python(code).stdout))
     assert "dspark_hotfix._bootstrap" in loaded
     assert not loaded & {"wrapt", "dspark_hotfix.hooks", "logging"}
+
+
+def test_doctor_judges_guards_as_the_hooks_do():
+    env = {"DSPARK_HOTFIX_PATCHES": "-attention_kv_cache_spec,-swa_kv_cache_spec"}
+    proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
+                      env=env, check=False)
+    report = __import__("json").loads(proc.stdout)
+    rows = {p["name"]: p for p in report["patches"]}
+    assert proc.returncode == 1
+    assert rows["kv_view_guard"]["needed"] is False  # the patches it guards are excluded: so is it
+    assert rows["draft_load_coverage"]["needed"] is True
+    assert "swa_kv_cache_spec is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
+    hooks = last_json(run_python(WARMUP.replace("print(json.dumps(warmup.run()))", "warmup.run()") + "\n" + STATUS,
+                                 env=env).stdout)
+    assert hooks["kv_view_guard"]["state"] == "not_needed"
