@@ -51,6 +51,9 @@ def runner_bytes_per_token(spec: Any) -> int:
 
 
 def holds_layout(spec: Any, quant_mode: Any) -> bool:
+    """Whether ``spec`` already carries the layout. Any alignment counts: newer
+    releases align packed pages to what the layer asks for (DeepSeek-V4.1's
+    differ from 576), and a spec with its quantization mode set is vLLM's call."""
     return (
         spec.kv_quant_mode == quant_mode
         and getattr(spec, "cache_dtype_str", CACHE_DTYPE) == CACHE_DTYPE
