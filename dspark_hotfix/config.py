@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from dspark_hotfix._bootstrap import FALSE_WORDS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing and collections.abc cost start-up time
     from collections.abc import Iterable, Mapping
@@ -19,7 +21,7 @@ STRICT = "DSPARK_HOTFIX_STRICT"
 LOG = "DSPARK_HOTFIX_LOG"
 
 _TRUE = frozenset(("1", "true", "on", "yes"))
-_FALSE = frozenset(("0", "false", "off", "no"))
+_FALSE = frozenset(FALSE_WORDS)  # interpreter start reads DSPARK_HOTFIX with the same words
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
