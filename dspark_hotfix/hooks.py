@@ -211,7 +211,7 @@ def _apply(record: _Record, module: Any) -> None:
         record.state, record.detail = NOT_NEEDED, verdict.detail
         _log().debug("%s: %s; %s left untouched", patch.name, verdict.detail, patch.target)
         return None
-    wrapper = _corrector(record, original, method=isinstance(owner, type))
+    wrapper = _corrector(record, original)
     setattr(owner, method, wrapper)
     record.owner, record.original, record.wrapper = owner, original, wrapper
     record.state, record.detail = INSTALLED, verdict.detail
@@ -269,35 +269,54 @@ def _guarded_apply(record: _Record, module: Any) -> None:
             record.state = PENDING
 
 
-def _corrector(record: _Record, original: Any, method: bool) -> Any:
+def _corrector(record: _Record, original: Any) -> Any:
     """The function that takes vLLM's place: vLLM's own, then the correction.
 
     A plain function rather than a ``wrapt.FunctionWrapper``: it binds as a
-    method like the original does, and costs about half as much per call (the
-    remap runs once per checkpoint name), which wrapt's proxy does not buy us
-    here: the targets are plain functions, checked by ``Patch.resolve``.
+    method like the original does and costs about half as much per call (the
+    remap runs once per checkpoint name); the targets are plain functions,
+    checked by ``Patch.resolve``. Targets of two parameters (``self`` and one
+    argument: the remap and the spec methods) get a wrapper of exactly two, which
+    spares packing the arguments on every call.
     """
     import functools
 
     correct = record.patch.correct
+    parameters = record.patch.parameters
+    if len(parameters) == 2:
 
-    def corrected(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        try:
-            if method:
-                fixed = correct(args[0], args[1:], kwargs, result)
-            else:
-                fixed = correct(None, args, kwargs, result)
-        except HotfixError:
-            raise
-        except Exception as exc:
-            _correction_failed(record, exc)
-            return result
-        if fixed is not result:
-            record.corrections += 1
-            if record.corrections == 1:
-                _first_correction(record, result, fixed)
-        return fixed
+        def corrected(first: Any, second: Any) -> Any:
+            result = original(first, second)
+            try:
+                fixed = correct(result, first, second)
+            except HotfixError:
+                raise
+            except Exception as exc:
+                return _correction_failed(record, exc, result)
+            if fixed is not result:
+                record.corrections += 1
+                if record.corrections == 1:
+                    _first_correction(record, result, fixed)
+            return fixed
+
+        # vLLM's parameter names, so that a keyword call binds as it would on vLLM's function.
+        code = corrected.__code__
+        corrected.__code__ = code.replace(co_varnames=parameters + code.co_varnames[2:])
+    else:
+
+        def corrected(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            result = original(*args, **kwargs)
+            try:
+                fixed = correct(result, *args, **kwargs)
+            except HotfixError:
+                raise
+            except Exception as exc:
+                return _correction_failed(record, exc, result)
+            if fixed is not result:
+                record.corrections += 1
+                if record.corrections == 1:
+                    _first_correction(record, result, fixed)
+            return fixed
 
     return functools.wraps(original)(corrected)
 
@@ -323,7 +342,8 @@ def _first_correction(record: _Record, before: Any, after: Any) -> None:
     _log().info("%s: first correction in pid %d: %s", record.patch.name, os.getpid(), what)
 
 
-def _correction_failed(record: _Record, exc: Exception) -> None:
+def _correction_failed(record: _Record, exc: Exception, result: Any) -> Any:
+    """vLLM's own ``result``, after reporting (once) that the correction raised."""
     why = f"correction raised {type(exc).__name__}: {exc}"
     if settings().strict:
         patch = record.patch
@@ -334,6 +354,7 @@ def _correction_failed(record: _Record, exc: Exception) -> None:
         record.warned = True
         record.detail = f"{record.detail}; {why} (vLLM's own result returned)"
         _log().warning("%s: %s; vLLM's own result is returned", record.patch.name, why)
+    return result
 
 
 def uninstall() -> list[dict[str, Any]]:

@@ -272,3 +272,34 @@ def test_doctor_judges_guards_as_the_hooks_do():
     hooks = last_json(run_python(WARMUP.replace("print(json.dumps(warmup.run()))", "warmup.run()") + "\n" + STATUS,
                                  env=env).stdout)
     assert hooks["kv_view_guard"]["state"] == "not_needed"
+
+
+def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do():
+    # Two-parameter targets get a two-parameter wrapper carrying vLLM's own names:
+    # keyword calls bind as on vLLM's function, and a wrong call fails the same way.
+    code = TARGETS + """
+import inspect, json
+from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+from types import SimpleNamespace
+wrapper = D.__dict__["_remap_dspark_name"]
+config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
+try:
+    D()._remap_dspark_name(nom="mtp.1.attn.wkv.weight")
+    wrong = None
+except TypeError as exc:
+    wrong = str(exc)
+print(json.dumps({
+    "code": list(wrapper.__code__.co_varnames[:wrapper.__code__.co_argcount]),
+    "signature": list(inspect.signature(wrapper).parameters),
+    "keyword": D()._remap_dspark_name(name="mtp.1.attn.wkv.weight"),
+    "positional": D()._remap_dspark_name("mtp.1.attn.wkv.weight"),
+    "spec_keyword": S().get_kv_cache_spec(vllm_config=config).kv_quant_mode.name,
+    "wrong": wrong,
+}))
+"""
+    got = last_json(run_python(code).stdout)
+    assert got["code"] == got["signature"] == ["self", "name"]
+    assert got["keyword"] == got["positional"] == "model.layers.1.attn.wkv.weight"
+    assert got["spec_keyword"] == "FP8_PER_TENSOR"
+    assert "unexpected keyword argument 'nom'" in got["wrong"]

@@ -132,6 +132,26 @@ def test_remap_gives_the_same_answer_when_the_draft_size_is_looked_up_lazily(cas
     assert remap_dspark_name(name, mapped, lambda: draft_layers) == eager
 
 
+def draft_of(draft_layers: int | None) -> SimpleNamespace:
+    """A draft as the remap sees it: ``model.layers`` of that length (none when unknown)."""
+    return SimpleNamespace(model=SimpleNamespace(layers=None if draft_layers is None else [None] * draft_layers))
+
+
+@PROPERTY
+@given(remap_cases())
+@example(("mtp.1.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3))
+@example(("mtp.01.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3))  # not how the draft spells 1
+@example(("mtp.1.attn.wkv.weight", "model.layers.01.attn.wkv.weight", 3))
+@example(("mtp.1.attn.wkv.weight", "model.layers.\u2074\u2074.attn.wkv.weight", 3))
+@example(("mtp.1.", "model.layers.44.", 3))
+def test_the_per_call_remap_gives_the_answers_of_the_plain_function(case):
+    # REMAP.correct is remap_dspark_name in fewer steps: same answer, same object when unchanged.
+    name, mapped, draft_layers = case
+    expected = remap_dspark_name(name, mapped, draft_layers)
+    got = REMAP.correct(mapped, draft_of(draft_layers), name)
+    assert got == expected and (got is mapped) == (expected is mapped)
+
+
 @st.composite
 def checkpoint_names(draw, draft_layers: int):
     i = draw(st.integers(0, draft_layers + 2))
@@ -157,7 +177,7 @@ def test_standin_draft_weights_land_on_the_draft_layers_through_the_correction(s
     remap = vllm_remap(DSparkDeepseekV4ForCausalLM)
     for name in data.draw(st.lists(checkpoint_names(k), min_size=1, max_size=12)):
         mapped = remap(draft, name)  # the reported build's answer
-        fixed = REMAP.correct(draft, (name,), {}, mapped)
+        fixed = REMAP.correct(mapped, draft, name)
         assert fixed == (defect_answer(name, mapped, k) or mapped)
         src = MTP.fullmatch(name)
         if src and src[2] in LAYER_WEIGHTS and int(src[1]) < k and n + int(src[1]) >= k:
@@ -180,7 +200,7 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     layer_params = {p for p, _ in draft.named_parameters() if p.startswith("model.layers.")}
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
-    assert {REMAP.correct(draft, (name,), {}, remap(draft, name)) for name in checkpoint} == layer_params
+    assert {REMAP.correct(remap(draft, name), draft, name) for name in checkpoint} == layer_params
 
 
 # Spec correction. A generated stand-in spec, and the layer cache dtype vLLM's
@@ -286,7 +306,7 @@ def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modu
     method = DeepseekV4SWACache.__dict__["get_kv_cache_spec"]
     spec = getattr(method, "__wrapped__", method)(layer, SimpleNamespace())
     SWA.quant_mode = get_kv_quant_mode(CACHE_DTYPE)
-    fixed = SWA.correct(layer, (SimpleNamespace(),), {}, spec)
+    fixed = SWA.correct(spec, layer, SimpleNamespace())
     if dtype == CACHE_DTYPE:
         assert runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
     else:

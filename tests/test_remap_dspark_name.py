@@ -58,3 +58,29 @@ def test_draft_size_is_only_looked_up_for_suspect_names():
     assert calls == []
     assert remap_dspark_name("mtp.0.x.weight", "model.layers.43.x.weight", count) == "model.layers.0.x.weight"
     assert calls == [1]
+
+
+def test_the_draft_size_is_read_once_per_draft():
+    # On vLLM's module tree draft.model.layers costs two nn.Module.__getattr__ calls:
+    # the per-call remap reads it once per draft, not once per name.
+    from dspark_hotfix.patches.remap_dspark_name import PATCH
+
+    class Draft:
+        def __init__(self, layers):
+            self.reads, self._layers = 0, [None] * layers
+
+        @property
+        def model(self):
+            self.reads += 1
+            return type("Model", (), {"layers": self._layers})()
+
+    one, two = Draft(K), Draft(1)
+    shifted = [(f"mtp.{i}.attn.wkv.weight", f"model.layers.{N + i}.attn.wkv.weight") for i in range(K)]
+    assert [PATCH.correct(m, one, n) for n, m in shifted] == [f"model.layers.{i}.attn.wkv.weight" for i in range(K)]
+    assert one.reads == 1
+    # Another draft (one layer only) gets its own count; going back reads the first again.
+    assert [PATCH.correct(m, two, n) for n, m in shifted] == [
+        "model.layers.0.attn.wkv.weight", *(m for _, m in shifted[1:])]
+    assert (one.reads, two.reads) == (1, 1)
+    assert PATCH.correct(shifted[2][1], one, shifted[2][0]) == "model.layers.2.attn.wkv.weight"
+    assert one.reads == 2

@@ -7,6 +7,7 @@ a name out), so it can be tested against real vLLM types without wrapt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 
@@ -89,9 +90,12 @@ class Patch:
     def probe(self, original: Any) -> Verdict:
         raise NotImplementedError
 
-    def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        """Return ``result`` itself when it is right, else the corrected value."""
-        raise NotImplementedError
+    # correct(result, *the target's arguments): what vLLM's function should have
+    # returned for that call (``self`` is the first argument of a method);
+    # ``result`` itself when it is right. It runs on every call of the target,
+    # so each patch spells out the target's parameters (no packing) and takes
+    # the fast way out first.
+    correct: Callable[..., Any]
 
     def describe(self, before: Any, after: Any) -> str:
         """One line for the log: what the first correction changed."""

@@ -59,8 +59,8 @@ class DraftLoadCoverage(Patch):
             return Verdict(False, "not needed (vLLM's draft remap is right)")
         return Verdict(True, "needed (guards the draft's load while its remap is wrong)")
 
-    def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        missing = unloaded_draft_parameters((n for n, _ in instance.named_parameters()), result)
+    def correct(self, result: Any, draft: Any, weights: Any) -> Any:
+        missing = unloaded_draft_parameters((n for n, _ in draft.named_parameters()), result)
         if missing:
             from dspark_hotfix import hooks
 

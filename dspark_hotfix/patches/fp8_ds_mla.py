@@ -101,6 +101,14 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
     return fixed
 
 
+def uncompared_fields(spec: Any) -> tuple[str, ...]:
+    """Fields of the spec's dataclass that ``==`` ignores (``field(compare=False)``)."""
+    return tuple(f.name for f in dataclasses.fields(spec) if not f.compare)
+
+
+_UNKNOWN = object()
+
+
 def _mode(spec: Any) -> str:
     return str(getattr(spec.kv_quant_mode, "name", spec.kv_quant_mode))
 
@@ -115,6 +123,11 @@ class SpecPatch(Patch):
 
     parameters = ("self", "vllm_config")
     quant_mode: Any = None
+    KNOWN_LIMIT = 64  # distinct specs remembered; a model has a handful
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, Any] = {}
+        self._uncompared: dict[type, tuple[str, ...]] = {}
 
     def layer_cache_dtype(self, layer: Any) -> str | None:
         raise NotImplementedError
@@ -136,6 +149,7 @@ class SpecPatch(Patch):
                 "vllm.v1.kv_cache_interface has no get_kv_quant_mode/KVQuantMode"
             )
         self.quant_mode = get_kv_quant_mode(CACHE_DTYPE)
+        self._known.clear()  # made with the quantization mode of a vLLM imported before
 
     def probe(self, original: Any) -> Verdict:
         config = SimpleNamespace(
@@ -157,10 +171,30 @@ class SpecPatch(Patch):
             )
         return Verdict(False, f"not needed (vLLM already returns {width} bytes/token)")
 
-    def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
+    def correct(self, result: Any, layer: Any, vllm_config: Any) -> Any:
         if result is None:
             return result
-        return fp8_ds_mla_spec(result, self.layer_cache_dtype(instance), self.quant_mode)
+        dtype = self.layer_cache_dtype(layer)
+        if dtype != CACHE_DTYPE and getattr(result, "cache_dtype_str", None) != CACHE_DTYPE:
+            return result  # another layout (as in fp8_ds_mla_spec): not even looked up
+        # vLLM builds an equal, frozen spec for every layer of a kind: the first
+        # correction of each serves the rest (a dict look-up instead of a rebuild).
+        # Fields left out of ==, such as 0.33's is_draft, are part of the key.
+        try:
+            hidden = self._uncompared.get(type(result))
+            if hidden is None:
+                hidden = self._uncompared[type(result)] = uncompared_fields(result)
+            key = (result, dtype, *[getattr(result, f) for f in hidden]) if hidden else (result, dtype)
+            known = self._known.get(key, _UNKNOWN)
+        except TypeError:  # not a dataclass, or unhashable: corrected every time
+            return fp8_ds_mla_spec(result, dtype, self.quant_mode)
+        if known is _UNKNOWN:
+            known = fp8_ds_mla_spec(result, dtype, self.quant_mode)
+            if len(self._known) < self.KNOWN_LIMIT:
+                # A spec that is right is not kept: vLLM's own object is returned.
+                self._known[key] = None if known is result else known
+            return known
+        return result if known is None else known
 
     def describe(self, before: Any, after: Any) -> str:
         return (

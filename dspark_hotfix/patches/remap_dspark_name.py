@@ -24,6 +24,7 @@ reports ``not_needed``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -34,7 +35,7 @@ _LAYERS = "model.layers."
 
 
 def remap_dspark_name(
-    name: str, mapped: str | None, num_draft_layers: int | Callable[[], int | None]
+    name: str, mapped: str | None, num_draft_layers: int | Callable[[], int | None] | None
 ) -> str | None:
     """Return the parameter a checkpoint weight ``name`` must load into.
 
@@ -47,13 +48,16 @@ def remap_dspark_name(
     """
     # Called once per checkpoint name. Every released vLLM answers mtp.{i}.<rest> with
     # model.layers.{i}.<rest>: one comparison settles that case (13 == len(_LAYERS)).
-    if mapped is None or not mapped.startswith(_LAYERS) or mapped[13:] == name[4:]:
+    if mapped is None or not mapped.startswith(_LAYERS):
         return mapped
-    if not name.startswith("mtp."):
+    tail = name[4:]
+    if mapped[13:] == tail or not name.startswith("mtp."):
         return mapped
-    j, _, tail = mapped[13:].partition(".")
-    i, dot, rest = name[4:].partition(".")
-    if j == i or not dot or tail != rest or not (i.isdecimal() and j.isdecimal()):  # int() accepts these
+    i, dot, rest = tail.partition(".")
+    end = len(mapped) - len(rest) - 1  # where ".<rest>" would start in mapped
+    j = mapped[13:end]
+    # int() accepts any Unicode decimal digits; isdecimal() is exactly those.
+    if not dot or mapped[end:] != tail[len(i):] or not (i.isdecimal() and j.isdecimal()):
         return mapped
     count = num_draft_layers() if callable(num_draft_layers) else num_draft_layers
     index = int(i)
@@ -77,6 +81,9 @@ class RemapDSparkName(Patch):
     qualname = "DSparkDeepseekV4ForCausalLM._remap_dspark_name"
     parameters = ("self", "name")
     summary = "draft weights mtp.{i}.* land on the draft's model.layers.{i}.*"
+
+    # The last draft seen (weakly) and its layer indices.
+    _last: tuple[Any, frozenset[str] | None] = (None, None)
 
     PROBE_TARGET_LAYERS = 43  # DeepSeek-V4-Flash
     PROBE_DRAFT_LAYERS = 3
@@ -104,11 +111,41 @@ class RemapDSparkName(Patch):
             return Verdict(True, f"needed (vLLM maps {name} to {mapped}; shim gives {fixed})")
         return Verdict(False, f"not needed (vLLM maps {name} to {mapped})")
 
-    def correct(self, instance: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        if result is None:
-            return result
-        name = args[0] if args else kwargs["name"]
-        return remap_dspark_name(name, result, lambda: draft_layer_count(instance))
+    def correct(self, mapped: str | None, draft: Any, name: str) -> str | None:
+        """:func:`remap_dspark_name` for one call of vLLM's method, in fewer steps
+        (it runs once per checkpoint name); the tests hold both to the same answers."""
+        if mapped is None or not mapped.startswith(_LAYERS):
+            return mapped
+        tail = name[4:]
+        if mapped[13:] == tail:
+            return mapped  # every released vLLM's answer for a draft layer's weight
+        ref, layers = self._last
+        if ref is None or ref() is not draft:
+            layers = self._layer_indices(draft)
+        if layers is None:
+            return mapped  # a draft of unknown size: nothing is changed
+        i, dot, rest = tail.partition(".")
+        if i not in layers or not dot or not name.startswith("mtp."):
+            return remap_dspark_name(name, mapped, len(layers))  # the rare shapes, by the book
+        # mtp.{i}.<rest> of a layer the draft has: the defect is model.layers.{j}.<rest>, j past them.
+        end = len(mapped) - len(rest) - 1
+        j = mapped[13:end]
+        if mapped[end:] != tail[len(i):] or not j.isdecimal() or int(j) < len(layers):
+            return mapped
+        return _LAYERS + tail  # i is spelled as the draft numbers its layers
+
+    def _layer_indices(self, draft: Any) -> frozenset[str] | None:
+        """{"0", ..., "K-1"} for a draft of K layers, kept for the next call: on vLLM's
+        module tree ``draft.model.layers`` is two ``nn.Module.__getattr__`` calls."""
+        count = draft_layer_count(draft)
+        if count is None:
+            return None
+        indices = frozenset(map(str, range(count)))
+        try:
+            self._last = (weakref.ref(draft), indices)
+        except TypeError:  # not weakly referenceable: read every time
+            pass
+        return indices
 
     def describe(self, before: Any, after: Any) -> str:
         return f"{before} -> {after}"

@@ -257,9 +257,9 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
         if expect_error:
             with pytest.raises(HotfixError, match=r"model\.layers\.43\.attn\.swa: SlidingWindowMLASpec\(kv_quant_mode="
                                r"NONE, cache_dtype_str='fp8_ds_mla'\) viewed as \(4, 64, 512\): 512 bytes/token"):
-                GUARD.correct(None, args, {}, views)
+                GUARD.correct(views, *args)
         else:
-            assert GUARD.correct(None, args, {}, views) is views
+            assert GUARD.correct(views, *args) is views
 
 
 def test_fixed_release_hears_nothing_from_the_shim_at_the_default_level():
