@@ -16,9 +16,14 @@ FROM ${VLLM_IMAGE}
 ARG PYTHON=python3
 ARG DSPARK_HOTFIX_DIR=/opt/dspark_hotfix
 ARG WHEELS=/tmp/dspark-hotfix
+# wrapt, the shim's only dependency: an image that has one keeps it (doctor checks
+# it is 1.17 to 2.x); one that has none gets this. 1.17.3 loads in half the memory
+# of 2.5 (docs/BENCHMARKS.md) and suits packages that still pin wrapt<2.
+ARG WRAPT=wrapt==1.17.3
 COPY --from=wheel /dist/ ${WHEELS}/
-# --no-deps: vLLM's environment stays exactly as it is; wrapt is the shim's only dependency.
-RUN ${PYTHON} -m pip install --no-cache-dir --no-deps ${WHEELS}/dspark_hotfix-*.whl "wrapt>=2,<3" \
+# --no-deps: vLLM's environment stays exactly as it is.
+RUN ${PYTHON} -m pip install --no-cache-dir --no-deps ${WHEELS}/dspark_hotfix-*.whl \
+ && { ${PYTHON} -c "import wrapt" 2>/dev/null || ${PYTHON} -m pip install --no-cache-dir --no-deps "${WRAPT}"; } \
  && ln -s "$(${PYTHON} -m dspark_hotfix path)" "${DSPARK_HOTFIX_DIR}" \
  && rm -rf "${WHEELS}"
 ENV PYTHONPATH=${DSPARK_HOTFIX_DIR}${PYTHONPATH:+:${PYTHONPATH}} \

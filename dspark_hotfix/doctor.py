@@ -108,6 +108,18 @@ def _patch_report(patch: Any, selected: bool, earlier: list[dict[str, Any]]) -> 
     return row
 
 
+WRAPT_SUPPORTED = "1.17 to 2.x"
+
+
+def wrapt_supported(version: str) -> bool:
+    """wrapt 1.17 to 2.x: the releases the tests run (1.17.3 and the newest 2.x)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (1, 17) and major < 3
+
+
 def diagnose() -> dict[str, Any]:
     from dspark_hotfix.patches import ALL
 
@@ -167,6 +179,11 @@ def diagnose() -> dict[str, Any]:
                 )
             elif wrapt_version is None:
                 problems.append(f"{row['name']} is needed but wrapt is not installed")
+            elif not wrapt_supported(wrapt_version):
+                problems.append(
+                    f"{row['name']} is needed but wrapt {wrapt_version} is not one the shim is tested with "
+                    f"({WRAPT_SUPPORTED}): install e.g. wrapt==1.17.3"
+                )
     report["ok"] = not problems
     return report
 

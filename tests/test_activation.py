@@ -303,3 +303,25 @@ print(json.dumps({
     assert got["keyword"] == got["positional"] == "model.layers.1.attn.wkv.weight"
     assert got["spec_keyword"] == "FP8_PER_TENSOR"
     assert "unexpected keyword argument 'nom'" in got["wrong"]
+
+
+@pytest.mark.parametrize("version, supported", [
+    ("1.17.3", True), ("1.17.0", True), ("2.0.0", True), ("2.5.2", True), ("2.10.1rc1", True),
+    ("1.16.0", False), ("1.10.11", False), ("3.0.0", False), ("nightly", False),
+])
+def test_doctor_names_a_wrapt_outside_the_tested_releases(tmp_path, version, supported):
+    # An image that brings its own wrapt keeps it (the Dockerfile installs one only where
+    # there is none); doctor, a build step there, fails on one the shim is not tested with.
+    from dspark_hotfix.doctor import wrapt_supported
+
+    assert wrapt_supported(version) is supported
+    if version != "1.10.11":
+        return
+    dist = tmp_path / f"wrapt-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: wrapt\nVersion: {version}\n")
+    proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
+                      path=(REPO, STANDIN, tmp_path), check=False)
+    report = __import__("json").loads(proc.stdout)
+    assert proc.returncode == 1 and report["versions"]["wrapt"] == version
+    assert any(f"wrapt {version} is not one the shim is tested with (1.17 to 2.x)" in p for p in report["problems"])

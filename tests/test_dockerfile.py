@@ -122,3 +122,24 @@ def test_replayed_image_passes_doctor_and_serves_patched(image, wheel):
     off = subprocess.run([image["python"], "-m", "dspark_hotfix", "doctor"], env={**env, "DSPARK_HOTFIX": "0"},
                          capture_output=True, text=True)
     assert off.returncode == 1 and "turns the shim off" in off.stdout
+
+
+def test_replay_keeps_the_wrapt_an_image_already_has_and_installs_the_pinned_one_otherwise(image, wheel):
+    version = "import wrapt; print(wrapt.__version__)"
+    pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert pinned, "the Dockerfile pins the wrapt it installs"
+    # An image with its own wrapt (here the newest 2.x, as another package of the image pulled it in).
+    subprocess.run([image["python"], "-m", "pip", "install", "-q", "--disable-pip-version-check", "wrapt>=2,<3"],
+                   check=True, capture_output=True)
+    own = subprocess.run([image["python"], "-c", version], capture_output=True, text=True, check=True).stdout
+    env = replay(image, wheel)
+    after = subprocess.run([image["python"], "-c", version], env=env, capture_output=True, text=True, check=True)
+    assert own.startswith("2.") and after.stdout == own  # kept, not replaced by the pin
+    # The image without one (test_replayed_image_passes_doctor_and_serves_patched's) gets the pin.
+    bare = {**image, "root": image["root"] / "bare"}
+    bare["root"].mkdir()
+    subprocess.run([sys.executable, "-m", "venv", str(bare["root"] / "venv")], check=True)
+    bare["python"] = str(bare["root"] / "venv" / "bin" / "python")
+    env = replay(bare, wheel)
+    got = subprocess.run([bare["python"], "-c", version], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == pinned[1]

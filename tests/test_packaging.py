@@ -55,6 +55,23 @@ def startup_dir(venv: dict) -> Path:
     return Path(proc.stdout.strip())
 
 
+def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_dockerfiles(venv):
+    # Both ends of the supported range are exercised: this venv (every test in this
+    # file) gets pip's choice, the newest 2.x; the rest of the suite runs on the wrapt
+    # the Dockerfile installs where an image has none.
+    import re
+
+    from tests.conftest import REPO
+
+    fresh = run(venv, "import wrapt; print(wrapt.__version__)").stdout.strip()
+    assert fresh.startswith("2."), fresh
+    pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    assert pinned and f"wrapt=={pinned[1]}" in (REPO / "requirements-dev.txt").read_text().split()
+    import wrapt
+
+    assert wrapt.__version__ == pinned[1]
+
+
 def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
     assert (venv["purelib"] / "sitecustomize.py").read_text() == IMAGE_CUSTOMISATION
 

@@ -33,6 +33,10 @@ RESHAPE = {
 @pytest.mark.parametrize("version", VERSIONS)
 def test_shim_on_real_vllm(version, tmp_path):
     python, install_seconds = ensure_venv(version)
+    # Each release runs with one end of the supported wrapt range (venvs.WRAPT).
+    wrapt = subprocess.run([str(python), "-c", "import wrapt; print(wrapt.__version__)"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert wrapt == "1.17.3" if version == "0.25.0" else wrapt.startswith("2."), wrapt
     junit = tmp_path / "junit.xml"
     views = tmp_path / "kv_views.json"
     env = clean_env(PYTHONPATH=str(REPO), KV_VIEWS_OUT=str(views))

@@ -15,8 +15,11 @@ from pathlib import Path
 
 # 0.25.0: the first release with the fix, same torch (2.11) as the reported
 # build, and the V2 runner's "auto" rule still present. 0.33.0: the newest.
+# Each gets one end of the wrapt range the shim supports: 1.17.3 (what the
+# Dockerfile installs where an image has none) and the newest 2.x.
 VERSIONS = ("0.25.0", "0.33.0")
-EXTRA = ("pytest>=8", "wrapt>=2")
+WRAPT = {"0.25.0": "wrapt==1.17.3", "0.33.0": "wrapt>=2,<3"}
+EXTRA = ("pytest>=8",)
 
 
 def cache_dir() -> Path:
@@ -28,7 +31,7 @@ def ensure_venv(version: str) -> tuple[Path, float]:
     venv = cache_dir() / f"venv-vllm-{version}"
     python = venv / "bin" / "python"
     stamp = venv / ".dspark-hotfix-ready"
-    wanted = " ".join((f"vllm=={version}", *EXTRA))
+    wanted = " ".join((f"vllm=={version}", *EXTRA, WRAPT[version]))
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         # The tier activates the shim from the checkout only: an installed copy
         # (its plugin entry point) left there by hand would blur what is tested.
