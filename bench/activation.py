@@ -38,9 +38,9 @@ def main() -> None:
 
     hooks.activate("bench")
     activation = time.perf_counter() - start
-    from dspark_hotfix import _bootstrap
+    import dspark_hotfix
 
-    watcher = _bootstrap.VllmImportWatcher("bench")
+    watcher = dspark_hotfix.VllmImportWatcher("bench")
     watcher.fired = True
     wrapt_finder = next(f for f in sys.meta_path if type(f).__module__.startswith("wrapt"))
     path_entry = sys.path_hooks[-1](repo)  # the FileFinder that PYTHONPATH's directory gets

@@ -2,12 +2,134 @@
 
 Put ``dspark-hotfix path`` (or this repository's root) on ``PYTHONPATH``, or let
 vLLM load the ``vllm.general_plugins`` entry point; set ``DSPARK_HOTFIX=0`` to
-turn it off. Importing this package costs next to nothing: the registry, wrapt
-and the patches load on first use, or when vLLM is imported.
+turn it off.
+
+This module is also all that interpreter start loads (``sitecustomize.py``
+calls :func:`boot`): the import watcher, and the sitecustomize ours shadows.
+It runs in every Python process of a serving image, so it is the standard
+library only and as little of it as possible: no ``from __future__``, no
+``typing``, no ``importlib.abc`` base class (importing it pulls in ``pathlib``
+and ``re``), no logging, no second module. The registry (``hooks``), wrapt and
+the patches are imported when vLLM imports the packages of the patches'
+targets, and never before. Nothing here raises: a start-up hook that fails
+would break every process in the image.
 """
+
+import os
+import sys
 
 __version__ = "0.1.0"
 __all__ = ["HotfixError", "__version__", "install", "status", "uninstall"]
+
+FALSE_WORDS = ("0", "false", "off", "no")
+
+# The packages whose first import activates the registry: the parents of the
+# patches' target modules (tests/test_activation.py checks that they agree).
+# Activating there, not at `import vllm`, keeps wrapt and the registry out of
+# processes that never load DeepSeek-V4 (or an MLA backend, or the V2 runner),
+# and loads them late, after most of vLLM, where they cost less memory.
+TRIGGERS = frozenset((
+    "vllm.models.deepseek_v4",
+    "vllm.models.deepseek_v4.nvidia",
+    "vllm.v1.attention.backends.mla",
+    "vllm.v1.worker.gpu",
+))
+
+
+def triggered():
+    """Whether a package that activates the registry is imported already."""
+    return any(name in sys.modules for name in TRIGGERS)
+
+
+class VllmImportWatcher:
+    """A meta-path finder that notices the first import of a TRIGGERS package.
+
+    It never finds a module itself; the packages' modules are imported after
+    them, through wrapt's finder, which is in place by then. It stays on ``sys.meta_path`` once fired:
+    removing a finder while the import system iterates that list would skip the
+    next finder.
+    """
+
+    __slots__ = ("fired", "source")
+
+    def __init__(self, source):
+        self.fired = False
+        self.source = source
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in TRIGGERS and not self.fired:
+            self.fired = True
+            try:
+                from dspark_hotfix import hooks
+
+                hooks.activate(self.source)
+            except Exception as exc:
+                if type(exc).__name__ == "HotfixError":  # strict mode: `import vllm` stops here
+                    raise
+                sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+        return None
+
+
+def watch(source):
+    """Insert a watcher unless one is there already; True if one was inserted."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ == "VllmImportWatcher" and getattr(finder, "source", None):
+            return False
+    sys.meta_path.insert(0, VllmImportWatcher(source))
+    return True
+
+
+def boot(sitecustomize_file):
+    """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
+    try:
+        if os.environ.get("DSPARK_HOTFIX", "").strip().lower() not in FALSE_WORDS:
+            if triggered():  # imported by an earlier sitecustomize or .pth
+                from dspark_hotfix import hooks
+
+                hooks.activate("sitecustomize")
+            else:
+                watch("sitecustomize")
+    except Exception as exc:
+        sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+    chain(sitecustomize_file)
+
+
+def chain(sitecustomize_file):
+    """Import the ``sitecustomize`` that ours shadows, exactly once.
+
+    Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
+    Pythons ship their own. Our directory is taken off ``sys.path`` for the
+    import and put back where it was, keeping what the shadowed one changed
+    (images extend ``sys.path`` there); errors are reported the way ``site``
+    reports its own sitecustomize's, and start-up goes on.
+    """
+    here = os.path.dirname(os.path.abspath(sitecustomize_file))
+    ours = sys.modules.get("sitecustomize")
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401  (the shadowed one, if any)
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            _report(exc)
+    except Exception as exc:
+        _report(exc)
+    finally:
+        for i, p in taken:
+            sys.path.insert(i, p)
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+def _report(exc):
+    if sys.flags.verbose:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    else:
+        sys.stderr.write(
+            "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
+            f"{type(exc).__name__}: {exc}\n"
+        )
 
 
 def __getattr__(name):

@@ -1,15 +1,16 @@
 """The switches: environment variables, read once per process.
 
-Standard library only: this module is imported at interpreter start by the
-sitecustomize path. None of the names start with ``VLLM_``: vLLM warns about
-(or, in hard-fail mode, rejects) unknown ``VLLM_*`` variables.
+Standard library only; it loads with the registry (interpreter start reads
+``DSPARK_HOTFIX`` itself, with the same words). None of the names start with
+``VLLM_``: vLLM warns about (or, in hard-fail mode, rejects) unknown ``VLLM_*``
+variables.
 """
 
 from __future__ import annotations
 
 import os
 
-from dspark_hotfix._bootstrap import FALSE_WORDS
+from dspark_hotfix import FALSE_WORDS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing and collections.abc cost start-up time

@@ -16,7 +16,8 @@ import os
 import sys
 from typing import Any
 
-from dspark_hotfix import _bootstrap, config, hooks
+import dspark_hotfix
+from dspark_hotfix import config, hooks
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
@@ -32,7 +33,7 @@ def _version(dist: str) -> str | None:
 def _sitecustomize() -> dict[str, Any]:
     module = sys.modules.get("sitecustomize")
     file = getattr(module, "__file__", None)
-    ours = getattr(module, "boot", None) is _bootstrap.boot
+    ours = getattr(module, "boot", None) is dspark_hotfix.boot
     here = os.path.dirname(os.path.abspath(file)) if ours and file else None
     shadowed = None
     for entry in sys.path:

@@ -1,6 +1,6 @@
 """The hook registry: when to patch, how, and what happened.
 
-Interpreter start only inserts ``_bootstrap.VllmImportWatcher``; this module is
+Interpreter start only inserts ``dspark_hotfix.VllmImportWatcher``; this module is
 imported when vLLM imports the package of a patch's target. :func:`activate`
 imports wrapt and registers one wrapt post-import hook per patch; each hook
 fires when vLLM imports the patch's module, or at once if that module is
@@ -17,7 +17,8 @@ import os
 import sys
 import threading
 
-from dspark_hotfix import _bootstrap, config
+import dspark_hotfix
+from dspark_hotfix import config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,9 +111,9 @@ def install(source: str = "api") -> None:
     if reg.active:
         _reapply_lost()
         return
-    if _bootstrap.triggered():
+    if dspark_hotfix.triggered():
         activate(source)
-    elif _bootstrap.watch(source):
+    elif dspark_hotfix.watch(source):
         reg.activated_by = source
 
 
@@ -361,7 +362,7 @@ def uninstall() -> list[dict[str, Any]]:
     """Put vLLM's original functions back and stop watching imports."""
     reg = _registry
     reg.generation += 1
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _bootstrap.VllmImportWatcher)]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, dspark_hotfix.VllmImportWatcher)]
     for record in reg.records.values():
         if record.state == INSTALLED:
             method = record.patch.qualname.rpartition(".")[2]
@@ -386,7 +387,7 @@ def status() -> list[dict[str, Any]]:
     if not reg.records:
         from dspark_hotfix.patches import ALL
 
-        watcher = next((f for f in sys.meta_path if isinstance(f, _bootstrap.VllmImportWatcher)), None)
+        watcher = next((f for f in sys.meta_path if isinstance(f, dspark_hotfix.VllmImportWatcher)), None)
         by = reg.activated_by or getattr(watcher, "source", None)
         if not settings().enabled:
             state, detail = DISABLED, f"{config.ENABLE}=0"

@@ -49,7 +49,7 @@ def decoy_cwd(tmp_path):
 
     (cwd / "dspark_hotfix").mkdir()
     (cwd / "dspark_hotfix" / "__init__.py").write_text(decoy("dspark_hotfix") + "raise ImportError('decoy')\n")
-    (cwd / "dspark_hotfix" / "_bootstrap.py").write_text(decoy("_bootstrap"))
+    (cwd / "dspark_hotfix" / "hooks.py").write_text(decoy("hooks"))
     (cwd / "wrapt.py").write_text(decoy("wrapt") + "raise ImportError('decoy')\n")
     (cwd / "sitecustomize.py").write_text(decoy("sitecustomize"))
     (cwd / "usercustomize.py").write_text(decoy("usercustomize"))
@@ -181,18 +181,18 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
     assert len(warning_lines(proc.stderr)) == len(SWITCHES)
 
 
-def test_start_up_loads_only_the_standard_library_and_the_bootstrap():
+def test_start_up_loads_only_the_standard_library_and_the_package_module():
     code = "import sys, json; print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))"
     with_shim = json.loads(run_python(code).stdout)
     without = json.loads(run_python(code, path=(STANDIN,)).stdout)
     stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
     ours = (str(REPO / "dspark_hotfix") + os.sep, str(REPO / "sitecustomize.py"))
     added = {name: path for name, path in with_shim.items() if name not in without}
-    assert "dspark_hotfix._bootstrap" in added  # the shim did start
+    assert "dspark_hotfix" in added  # the shim did start
     for name, path in added.items():
         assert path is None or path.startswith(stdlib) or path.startswith(ours), (name, path)
     assert not [n for n, p in added.items() if p and p.startswith(ours) and n not in (
-        "sitecustomize", "dspark_hotfix", "dspark_hotfix._bootstrap")]
+        "sitecustomize", "dspark_hotfix")]
 
 
 @pytest.fixture

@@ -175,8 +175,12 @@ class SpecPatch(Patch):
         if result is None:
             return result
         dtype = self.layer_cache_dtype(layer)
+        # The first two ways out of fp8_ds_mla_spec, before any look-up: another
+        # layout, or a spec that carries this one already (every release's).
         if dtype != CACHE_DTYPE and getattr(result, "cache_dtype_str", None) != CACHE_DTYPE:
-            return result  # another layout (as in fp8_ds_mla_spec): not even looked up
+            return result
+        if holds_layout(result, self.quant_mode):
+            return result
         # vLLM builds an equal, frozen spec for every layer of a kind: the first
         # correction of each serves the rest (a dict look-up instead of a rebuild).
         # Fields left out of ==, such as 0.33's is_draft, are part of the key.

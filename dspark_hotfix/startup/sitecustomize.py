@@ -1,12 +1,12 @@
 """dspark_hotfix start-up hook: put this file's directory on PYTHONPATH.
 
-It imports only the standard library and the small ``dspark_hotfix.hooks``
-module, arranges for the patches to be applied when vLLM is imported, then runs
-the ``sitecustomize`` it shadows. ``DSPARK_HOTFIX=0`` turns it off.
+It imports the standard library and the ``dspark_hotfix`` package module (no
+other), arranges for the patches to be applied when vLLM imports them, then
+runs the ``sitecustomize`` it shadows. ``DSPARK_HOTFIX=0`` turns it off.
 """
 
 try:
-    from dspark_hotfix._bootstrap import boot
+    from dspark_hotfix import boot
 except Exception as exc:  # never break interpreter start
     import sys
 
