@@ -284,42 +284,41 @@ def _corrector(record: _Record, original: Any) -> Any:
 
     correct = record.patch.correct
     parameters = record.patch.parameters
-    if len(parameters) == 2:
-
-        def corrected(first: Any, second: Any) -> Any:
-            result = original(first, second)
-            try:
-                fixed = correct(result, first, second)
-            except HotfixError:
-                raise
-            except Exception as exc:
-                return _correction_failed(record, exc, result)
-            if fixed is not result:
-                record.corrections += 1
-                if record.corrections == 1:
-                    _first_correction(record, result, fixed)
-            return fixed
-
+    two = _two_argument_corrector(record, original, correct)
+    code = two.__code__
+    if len(parameters) == 2 and not set(parameters) & set(code.co_varnames[2:]):
         # vLLM's parameter names, so that a keyword call binds as it would on vLLM's function.
-        code = corrected.__code__
-        corrected.__code__ = code.replace(co_varnames=parameters + code.co_varnames[2:])
-    else:
+        two.__code__ = code.replace(co_varnames=parameters + code.co_varnames[2:])
+        return functools.wraps(original)(two)
+    # Any other signature: the same wrapper, over the call's (args, kwargs).
+    packed = _two_argument_corrector(
+        record,
+        lambda args, kwargs: original(*args, **kwargs),
+        lambda result, args, kwargs: correct(result, *args, **kwargs),
+    )
 
-        def corrected(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
-            result = original(*args, **kwargs)
-            try:
-                fixed = correct(result, *args, **kwargs)
-            except HotfixError:
-                raise
-            except Exception as exc:
-                return _correction_failed(record, exc, result)
-            if fixed is not result:
-                record.corrections += 1
-                if record.corrections == 1:
-                    _first_correction(record, result, fixed)
-            return fixed
+    def corrected(*args: Any, **kwargs: Any) -> Any:
+        return packed(args, kwargs)
 
     return functools.wraps(original)(corrected)
+
+
+def _two_argument_corrector(record: _Record, original: Any, correct: Any) -> Any:
+    def two(first: Any, second: Any) -> Any:
+        result = original(first, second)
+        try:
+            fixed = correct(result, first, second)
+        except HotfixError:
+            raise
+        except Exception as exc:
+            return _correction_failed(record, exc, result)
+        if fixed is not result:
+            record.corrections += 1
+            if record.corrections == 1:
+                _first_correction(record, result, fixed)
+        return fixed
+
+    return two
 
 
 def unwrapped(function: Any) -> Any:

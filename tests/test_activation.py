@@ -325,3 +325,27 @@ def test_doctor_names_a_wrapt_outside_the_tested_releases(tmp_path, version, sup
     report = __import__("json").loads(proc.stdout)
     assert proc.returncode == 1 and report["versions"]["wrapt"] == version
     assert any(f"wrapt {version} is not one the shim is tested with (1.17 to 2.x)" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize("parameters", [("self", "name"), ("self", "result"), ("self", "fixed"), ("a", "b", "c")])
+def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parameters):
+    # Two-parameter targets get a two-parameter wrapper renamed to vLLM's names, unless a
+    # name is one of the wrapper's own locals: then the general wrapper takes its place.
+    from dspark_hotfix import hooks
+    from dspark_hotfix.patches import Patch
+
+    namespace: dict = {}
+    exec(f"def target({', '.join(parameters)}):\n    return ({', '.join(parameters)},)", namespace)
+
+    class Echo(Patch):
+        name, module, qualname = "echo", "nowhere", "target"
+
+        def correct(self, result, /, *args, **kwargs):
+            return (*result, "corrected")
+
+    Echo.parameters = parameters
+    wrapper = hooks._corrector(hooks._Record(Echo(), hooks.INSTALLED, ""), namespace["target"])
+    values = list(range(len(parameters)))
+    assert wrapper(*values) == (*values, "corrected")
+    assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
+    assert wrapper.__wrapped__ is namespace["target"]

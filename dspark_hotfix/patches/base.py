@@ -94,7 +94,9 @@ class Patch:
     # returned for that call (``self`` is the first argument of a method);
     # ``result`` itself when it is right. It runs on every call of the target,
     # so each patch spells out the target's parameters (no packing) and takes
-    # the fast way out first.
+    # the fast way out first. Keyword arguments reach it only for targets of
+    # other than two parameters: take ``result`` positional-only there
+    # (``def correct(self, result, /, *args, **kwargs)``).
     correct: Callable[..., Any]
 
     def describe(self, before: Any, after: Any) -> str:

@@ -66,7 +66,7 @@ class KVViewGuard(Patch):
     def probe(self, original: Any) -> Any:
         raise NotImplementedError("decided by depends_on")
 
-    def correct(self, result: Any, *args: Any, **kwargs: Any) -> Any:
+    def correct(self, result: Any, /, *args: Any, **kwargs: Any) -> Any:
         params = dict(zip(self.parameters, args, strict=False), **kwargs)
         problems = narrow_fp8_ds_mla_views(params.get("attn_groups", ()), result, params.get("cache_dtype"))
         if problems:
