@@ -61,7 +61,16 @@ rest = st.one_of(st.sampled_from(LAYER_WEIGHTS + HEAD + ("", ".", "x.y.z")), st.
 
 
 @st.composite
+def shifted_cases(draw):
+    """The reported defect's shape: mtp.{i}.<rest> answered model.layers.{i + shift}.<rest>."""
+    i, shift, tail = draw(st.integers(0, 9)), draw(st.integers(0, 64)), draw(rest)
+    return f"mtp.{i}.{tail}", f"model.layers.{i + shift}.{tail}", draw(st.one_of(st.none(), st.integers(0, 8)))
+
+
+@st.composite
 def remap_cases(draw):
+    if draw(st.booleans()):
+        return draw(shifted_cases())
     i, tail = draw(index), draw(rest)
     name = draw(
         st.one_of(
