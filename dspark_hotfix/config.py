@@ -21,6 +21,9 @@ PATCHES = "DSPARK_HOTFIX_PATCHES"
 STRICT = "DSPARK_HOTFIX_STRICT"
 LOG = "DSPARK_HOTFIX_LOG"
 
+# The wrapt releases the tests run: 1.17.3 (what the Dockerfile installs) and the newest 2.x.
+WRAPT_RANGE = "1.17 to 2.x"
+
 _TRUE = frozenset(("1", "true", "on", "yes"))
 _FALSE = frozenset(FALSE_WORDS)  # interpreter start reads DSPARK_HOTFIX with the same words
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -109,11 +109,8 @@ def _patch_report(patch: Any, selected: bool, earlier: list[dict[str, Any]]) -> 
     return row
 
 
-WRAPT_SUPPORTED = "1.17 to 2.x"
-
-
 def wrapt_supported(version: str) -> bool:
-    """wrapt 1.17 to 2.x: the releases the tests run (1.17.3 and the newest 2.x)."""
+    """Whether ``version`` is in ``config.WRAPT_RANGE`` (1.17 to 2.x)."""
     try:
         major, minor = (int(part) for part in version.split(".")[:2])
     except ValueError:
@@ -183,7 +180,7 @@ def diagnose() -> dict[str, Any]:
             elif not wrapt_supported(wrapt_version):
                 problems.append(
                     f"{row['name']} is needed but wrapt {wrapt_version} is not one the shim is tested with "
-                    f"({WRAPT_SUPPORTED}): install e.g. wrapt==1.17.3"
+                    f"({config.WRAPT_RANGE}): install e.g. wrapt==1.17.3"
                 )
     report["ok"] = not problems
     return report

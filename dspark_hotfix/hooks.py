@@ -150,9 +150,11 @@ def activate(source: str) -> None:
                 record.state, record.detail = FAILED, why
         if settings().strict:
             raise HotfixError(
-                f"{why}; install wrapt (1.17 to 2.x) where vLLM runs, or set {config.ENABLE}=0"
+                f"{why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, or set {config.ENABLE}=0"
             ) from exc
-        _log().warning("not active: %s; install wrapt (1.17 to 2.x) where vLLM runs. vLLM runs unpatched.", why)
+        _log().warning(
+            "not active: %s; install wrapt (%s) where vLLM runs. vLLM runs unpatched.", why, config.WRAPT_RANGE
+        )
         return
     generation = reg.generation
     for record in reg.records.values():

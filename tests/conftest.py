@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dspark_hotfix.patches import ALL
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
 
@@ -85,6 +87,9 @@ def wheel(tmp_path_factory) -> Path:
 
 
 # Helpers of the attack suite (test_properties, test_faults, test_processes, test_hostile, test_safety).
+
+# Imports every patch's target module (an import line each, for run_python code).
+IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
 
 WRAP_DEPTH = """
 import json as _json, sys as _sys, types as _types

@@ -18,8 +18,8 @@ import tempfile
 
 import pytest
 
-from dspark_hotfix.patches import ALL
 from tests.conftest import (
+    IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
@@ -36,7 +36,6 @@ from tests.conftest import (
     warning_lines,
 )
 
-IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))\n"
 
 

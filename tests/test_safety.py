@@ -14,8 +14,8 @@ import sysconfig
 
 import pytest
 
-from dspark_hotfix.patches import ALL
 from tests.conftest import (
+    IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
@@ -31,7 +31,6 @@ from tests.conftest import (
     warning_lines,
 )
 
-IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup\nwarmup.run()\n"
 LOG_LINE = re.compile(r"dspark_hotfix\[(\d+)\] (INFO|WARNING): ")
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "DSPARK_HOTFIX_LOG")

@@ -48,16 +48,13 @@ def remap_dspark_name(
     """
     # Called once per checkpoint name. Every released vLLM answers mtp.{i}.<rest> with
     # model.layers.{i}.<rest>: one comparison settles that case (13 == len(_LAYERS)).
-    if mapped is None or not mapped.startswith(_LAYERS):
+    if mapped is None or not mapped.startswith(_LAYERS) or mapped[13:] == name[4:]:
         return mapped
-    tail = name[4:]
-    if mapped[13:] == tail or not name.startswith("mtp."):
+    if not name.startswith("mtp."):
         return mapped
-    i, dot, rest = tail.partition(".")
-    end = len(mapped) - len(rest) - 1  # where ".<rest>" would start in mapped
-    j = mapped[13:end]
-    # int() accepts any Unicode decimal digits; isdecimal() is exactly those.
-    if not dot or mapped[end:] != tail[len(i):] or not (i.isdecimal() and j.isdecimal()):
+    j, _, tail = mapped[13:].partition(".")
+    i, dot, rest = name[4:].partition(".")
+    if j == i or not dot or tail != rest or not (i.isdecimal() and j.isdecimal()):  # int() accepts these
         return mapped
     count = num_draft_layers() if callable(num_draft_layers) else num_draft_layers
     index = int(i)

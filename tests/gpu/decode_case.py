@@ -14,6 +14,7 @@ so that a kernel reading beyond ``topk_length`` cannot go unnoticed.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -61,6 +62,12 @@ class DecodeCase:
         kv = torch.cat([c.gather() for c in caches], dim=1)
         valid = torch.cat([c.valid() for c in caches], dim=1)
         return reference_sparse_decode(self.q[:, 0], kv, valid, SM_SCALE, self.attn_sink)
+
+
+def geometry(view: dict[str, Any]) -> tuple[int, int, int]:
+    """(block_size, bytes_per_token, page_stride) of a (blocks, tokens, bytes) view in kv_views.json."""
+    _, block_size, bytes_per_token = view["shape"]
+    return block_size, bytes_per_token, view["stride"][0]
 
 
 def _random_tokens(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:

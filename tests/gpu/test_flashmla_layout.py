@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed")
 
-from .decode_case import EXTRA_TOPK, H_Q, SM_SCALE, SWA_WINDOW, make_decode_case  # noqa: E402
+from .decode_case import EXTRA_TOPK, H_Q, SM_SCALE, SWA_WINDOW, geometry, make_decode_case  # noqa: E402
 from .fp8_ds_mla import BYTES_PER_TOKEN, HEAD_DIM, PagePool  # noqa: E402
 
 MAIN_SHAPE_ERROR = "kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
@@ -40,12 +40,6 @@ LSE_ATOL = 1e-3
 SEQ_LENS = [5, 64, 127, 128, 300, 1000, 2048, 4095]  # windows shorter and longer than 128
 
 
-def _geometry(view: dict[str, Any]) -> tuple[int, int, int]:
-    """(block_size, bytes_per_token, page_stride) of a (blocks, tokens, bytes) view."""
-    _, block_size, bytes_per_token = view["shape"]
-    return block_size, bytes_per_token, view["stride"][0]
-
-
 def _minimal_inputs(batch: int, device: Any) -> dict[str, Any]:
     return {
         "q": torch.zeros(batch, 1, H_Q, HEAD_DIM, dtype=torch.bfloat16, device=device),
@@ -58,7 +52,7 @@ def _minimal_inputs(batch: int, device: Any) -> dict[str, Any]:
 def test_pre_fix_swa_view_raises_the_reported_error(
     flashmla: Any, kv_views: dict[str, Any], cuda_device: Any, evidence: dict[str, Any]
 ) -> None:
-    block_size, bytes_per_token, page_stride = _geometry(kv_views["swa_pre_fix"])
+    block_size, bytes_per_token, page_stride = geometry(kv_views["swa_pre_fix"])
     assert bytes_per_token != BYTES_PER_TOKEN, "kv_views.json's pre-fix view is not the buggy one"
     pool = PagePool.allocate(8, block_size, page_stride, cuda_device)
 
@@ -82,8 +76,8 @@ def test_pre_fix_view_as_extra_cache_names_extra_kv_instead(
 ) -> None:
     # Tells which cache the bug report's message is about: a bad *compressed*
     # (extra) cache would have said extra_kv, so the report's is the SWA cache.
-    good_block, good_bytes, good_stride = _geometry(kv_views["swa_corrected"])
-    bad_block, bad_bytes, bad_stride = _geometry(kv_views["swa_pre_fix"])
+    good_block, good_bytes, good_stride = geometry(kv_views["swa_corrected"])
+    bad_block, bad_bytes, bad_stride = geometry(kv_views["swa_pre_fix"])
     main = PagePool.allocate(8, good_block, good_stride, cuda_device)
     extra = PagePool.allocate(8, bad_block, bad_stride, cuda_device)
 
@@ -105,7 +99,7 @@ def test_pre_fix_view_as_extra_cache_names_extra_kv_instead(
 def test_corrected_swa_view_is_accepted(
     flashmla: Any, kv_views: dict[str, Any], cuda_device: Any, evidence: dict[str, Any]
 ) -> None:
-    block_size, bytes_per_token, page_stride = _geometry(kv_views["swa_corrected"])
+    block_size, bytes_per_token, page_stride = geometry(kv_views["swa_corrected"])
     assert bytes_per_token == BYTES_PER_TOKEN
     case = make_decode_case(
         SEQ_LENS, block_size=block_size, page_stride=page_stride,
@@ -153,7 +147,7 @@ def test_corrected_layout_attends_like_fp32_reference(
     with_extra: bool,
     with_sink: bool,
 ) -> None:
-    block_size, bytes_per_token, page_stride = _geometry(kv_views["swa_corrected"])
+    block_size, bytes_per_token, page_stride = geometry(kv_views["swa_corrected"])
     case = make_decode_case(
         SEQ_LENS, block_size=block_size, page_stride=page_stride,
         swa_pages=64, extra_pages=64 if with_extra else None,

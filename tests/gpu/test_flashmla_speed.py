@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed")
 
-from .decode_case import H_Q, SM_SCALE, make_decode_case  # noqa: E402
+from .decode_case import H_Q, SM_SCALE, geometry, make_decode_case  # noqa: E402
 from .fp8_ds_mla import BYTES_PER_TOKEN, HEAD_DIM  # noqa: E402
 
 H200_PEAK_BYTES_PER_S = 4.8e12  # vendor datasheet, HBM3e
@@ -67,8 +67,7 @@ def test_corrected_layout_decode_speed(
     batch: int,
     with_extra: bool,
 ) -> None:
-    _, block_size, bytes_per_token = kv_views["swa_corrected"]["shape"]
-    page_stride = kv_views["swa_corrected"]["stride"][0]
+    block_size, bytes_per_token, page_stride = geometry(kv_views["swa_corrected"])
     # At least 8192 pages of 37440 bytes (300 MB) per cache, requests' pages spread
     # over it; a request holds up to 3 SWA pages and 32 compressed ones.
     pages = max(8192, 33 * batch + 64)
