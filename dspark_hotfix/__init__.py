@@ -1,15 +1,14 @@
 """dspark_hotfix: repairs DeepSeek-V4 DSpark speculative decoding in a running vLLM.
 
-Put ``dspark-hotfix path`` (or this repository's root) on ``PYTHONPATH``, or let
-vLLM load the ``vllm.general_plugins`` entry point; set ``DSPARK_HOTFIX=0`` to
-turn it off.
+Put ``dspark-hotfix path`` on ``PYTHONPATH``, or let vLLM load the
+``vllm.general_plugins`` entry point; ``DSPARK_HOTFIX=0`` turns it off.
 
 This module is also all that interpreter start loads (``sitecustomize.py``
-calls :func:`boot`): the import watcher, and the sitecustomize ours shadows.
-It runs in every Python process of a serving image, so it is the standard
-library only and as little of it as possible: no ``from __future__``, no
-``typing``, no ``importlib.abc`` base class (importing it pulls in ``pathlib``
-and ``re``), no logging, no second module. The registry (``hooks``), wrapt and
+calls :func:`boot`): the switch, the import watcher, and the sitecustomize ours
+shadows. It runs in every Python process of a serving image, so it is the
+standard library only and as little of it as possible: no ``from __future__``,
+no ``typing``, no ``importlib.abc`` base class (importing it pulls in
+``pathlib`` and ``re``), no logging, no second module. The registry, wrapt and
 the patches are imported when vLLM imports the packages of the patches'
 targets, and never before. Nothing here raises: a start-up hook that fails
 would break every process in the image.
@@ -18,10 +17,34 @@ would break every process in the image.
 import os
 import sys
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["HotfixError", "__version__", "install", "status", "uninstall"]
 
+ENABLE = "DSPARK_HOTFIX"
+TRUE_WORDS = ("1", "true", "on", "yes")
 FALSE_WORDS = ("0", "false", "off", "no")
+_enabled = None
+
+
+def enabled():
+    """``DSPARK_HOTFIX``: on when unset or a true word; any other value is off.
+
+    An A/B whose B arm is silently patched is worse than none, so a value that
+    is neither a true nor a false word turns the shim off too, and says so once
+    on stderr whatever ``DSPARK_HOTFIX_LOG`` asks.
+    """
+    global _enabled
+    if _enabled is None:
+        raw = os.environ.get(ENABLE)
+        value = (raw or "").strip().lower()
+        _enabled = raw is None or value in TRUE_WORDS
+        if not _enabled and value not in FALSE_WORDS:
+            sys.stderr.write(
+                f"dspark_hotfix: {ENABLE}={raw!r} is not one of {'/'.join(TRUE_WORDS)}: the hotfix is OFF "
+                f"in this process (say {'/'.join(FALSE_WORDS)} to turn it off without this warning)\n"
+            )
+    return _enabled
+
 
 # The packages whose first import activates the registry: the parents of the
 # patches' target modules (tests/test_activation.py checks that they agree).
@@ -45,9 +68,10 @@ class VllmImportWatcher:
     """A meta-path finder that notices the first import of a TRIGGERS package.
 
     It never finds a module itself; the packages' modules are imported after
-    them, through wrapt's finder, which is in place by then. It stays on ``sys.meta_path`` once fired:
-    removing a finder while the import system iterates that list would skip the
-    next finder.
+    them, through wrapt's finder, which is in place by then. It stays on
+    ``sys.meta_path`` once fired: removing a finder while the import system
+    iterates that list would skip the next finder. Two threads may both see it
+    unfired: ``registry.activate`` is idempotent under a lock.
     """
 
     __slots__ = ("fired", "source")
@@ -60,9 +84,9 @@ class VllmImportWatcher:
         if fullname in TRIGGERS and not self.fired:
             self.fired = True
             try:
-                from dspark_hotfix import hooks
+                from dspark_hotfix import registry
 
-                hooks.activate(self.source)
+                registry.activate(self.source)
             except Exception as exc:
                 if type(exc).__name__ == "HotfixError":  # strict mode: `import vllm` stops here
                     raise
@@ -82,11 +106,11 @@ def watch(source):
 def boot(sitecustomize_file):
     """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
     try:
-        if os.environ.get("DSPARK_HOTFIX", "").strip().lower() not in FALSE_WORDS:
+        if enabled():
             if triggered():  # imported by an earlier sitecustomize or .pth
-                from dspark_hotfix import hooks
+                from dspark_hotfix import registry
 
-                hooks.activate("sitecustomize")
+                registry.activate("sitecustomize")
             else:
                 watch("sitecustomize")
     except Exception as exc:
@@ -134,7 +158,7 @@ def _report(exc):
 
 def __getattr__(name):
     if name in ("HotfixError", "install", "status", "uninstall"):
-        from dspark_hotfix import hooks
+        from dspark_hotfix import registry
 
-        return getattr(hooks, name)
+        return getattr(registry, name)
     raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")

@@ -2,14 +2,16 @@
 
 Run it inside the serving image, with the environment the server gets, before a
 rollout. It reads the activation paths (which ``sitecustomize`` wins, whether
-the vLLM plugin entry point is visible and allowed), the switches, and for each
-patch imports vLLM's target module and calls vLLM's own function with stand-in
-objects on the CPU (no GPU, no model) to decide whether the patch is needed.
-Exit status 0 only when every needed patch will be applied.
+the vLLM plugin entry point is visible and allowed), ``PYTHONPATH``, the
+switches and wrapt, imports vLLM's target modules, and takes each patch's
+verdict from the registry: the registry's own records where the shim is active
+in this process, otherwise the registry's own decision functions (its target
+resolution, the patch's probe, its guard rule) called here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -17,96 +19,21 @@ import sys
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, hooks
+from dspark_hotfix import config, registry
+from dspark_hotfix.patches import ALL
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
 
+OK, PROBLEM, USAGE, NOT_NEEDED = 0, 1, 2, 3
+VERDICTS = {OK: "ok", PROBLEM: "problem", NOT_NEEDED: "not_needed"}
 
-def _version(dist: str) -> str | None:
+
+def version_of(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _sitecustomize() -> dict[str, Any]:
-    module = sys.modules.get("sitecustomize")
-    file = getattr(module, "__file__", None)
-    ours = getattr(module, "boot", None) is dspark_hotfix.boot
-    here = os.path.dirname(os.path.abspath(file)) if ours and file else None
-    shadowed = None
-    for entry in sys.path:
-        directory = os.path.abspath(entry or os.curdir)
-        if directory == here:
-            continue
-        candidate = os.path.join(directory, "sitecustomize.py")
-        if os.path.isfile(candidate):
-            shadowed = candidate
-            break
-    return {
-        "active": ours,
-        "file": file,
-        # Ours imports the next one on sys.path; another module that won is not ours to judge.
-        "shadowed": shadowed if ours else None,
-        "chained": bool(ours and shadowed),
-    }
-
-
-def _plugin() -> dict[str, Any]:
-    points = importlib.metadata.entry_points(group=PLUGIN_GROUP)
-    visible = any(p.name == PLUGIN_NAME for p in points)
-    allow = os.environ.get("VLLM_PLUGINS")
-    allowed = allow is None or PLUGIN_NAME in [p.strip() for p in allow.split(",")]
-    return {"visible": visible, "allowed": allowed, "VLLM_PLUGINS": allow, "active": visible and allowed}
-
-
-def _patch_report(patch: Any, selected: bool, earlier: list[dict[str, Any]]) -> dict[str, Any]:
-    from dspark_hotfix.patches import PatchUnavailable
-
-    row: dict[str, Any] = {
-        "name": patch.name,
-        "target": patch.target,
-        "selected": selected,
-        "found": False,
-        "signature": None,
-        "needed": None,
-        "detail": "",
-    }
-    if patch.depends_on:
-        # As the hooks decide: a guard is needed where a patch it guards would be
-        # installed (selected and needed) or would fail; otherwise it is not looked at.
-        guarded = [
-            r["name"] for r in earlier
-            if r["name"] in patch.depends_on and r["selected"] and (r["needed"] or r["signature"] is not True)
-        ]
-        if not guarded:
-            row.update(found=None, signature=None, needed=False, detail="not needed (guards nothing needed)")
-            return row
-    try:
-        module = importlib.import_module(patch.module)
-    except Exception as exc:
-        row["detail"] = f"cannot import {patch.module}: {type(exc).__name__}: {exc}"
-        return row
-    owner, method = patch.locate(module)
-    row["found"] = owner is not None and method in owner.__dict__
-    try:
-        patch.resolve(module)
-        patch.prepare(module)
-    except PatchUnavailable as exc:
-        row["signature"] = not str(exc).startswith("unexpected signature") and row["found"]
-        row["detail"] = str(exc)
-        return row
-    row["signature"] = True
-    if patch.depends_on:
-        row["needed"], row["detail"] = True, f"needed (guards {', '.join(guarded)})"
-        return row
-    # vLLM's own function, also where this process has wrapped it already.
-    verdict = patch.probe(hooks.unwrapped(owner.__dict__[method]))
-    # An undecided probe means the shim would wrap (its corrections leave right answers alone).
-    row["needed"] = verdict.needed is not False
-    row["detail"] = verdict.detail
-    return row
 
 
 def wrapt_supported(version: str) -> bool:
@@ -118,98 +45,185 @@ def wrapt_supported(version: str) -> bool:
     return (major, minor) >= (1, 17) and major < 3
 
 
-def diagnose() -> dict[str, Any]:
-    from dspark_hotfix.patches import ALL
+def switch_problems() -> list[str]:
+    """Every complaint the switches of this environment raise."""
+    raw = os.environ.get(config.ENABLE)
+    words = dspark_hotfix.TRUE_WORDS + dspark_hotfix.FALSE_WORDS
+    problems = [] if raw is None or raw.strip().lower() in words else [
+        f"{config.ENABLE}={raw!r} is not one of {'/'.join(words)}: the shim is OFF"
+    ]
+    settings = config.Settings()
+    return problems + settings.problems + settings.selection(p.name for p in ALL)[1]
 
-    settings = hooks.settings()
-    selected, selection_problems = settings.selection(p.name for p in ALL)
+
+def pythonpath_warnings(entries: list[str], ours: str | None) -> list[str]:
+    """Entries that put the working directory (or a path relative to it) on sys.path."""
+    warnings = []
+    for entry in entries:
+        if not entry:
+            warnings.append("PYTHONPATH has an empty entry: the working directory is on sys.path of every process; "
+                            "use `dspark-hotfix run` or ${PYTHONPATH:+:$PYTHONPATH}")
+        elif not os.path.isabs(entry):
+            warnings.append(f"PYTHONPATH entry {entry!r} is relative: what it means depends on the working directory")
+    if ours:
+        cwd = os.path.join(os.getcwd(), "sitecustomize.py")
+        if os.path.isfile(cwd) and os.path.dirname(cwd) != ours and any(
+            not e or (not os.path.isabs(e) and os.path.abspath(e) == os.getcwd()) for e in entries
+        ):
+            warnings.append(f"the sitecustomize that ours chains would be {cwd}, from the working directory")
+    return list(dict.fromkeys(warnings))
+
+
+def _sitecustomize() -> dict[str, Any]:
+    module = sys.modules.get("sitecustomize")
+    file = getattr(module, "__file__", None)
+    ours = getattr(module, "boot", None) is dspark_hotfix.boot
+    here = os.path.dirname(os.path.abspath(file)) if ours and file else None
+    shadowed = None
+    if ours:
+        for entry in sys.path:
+            candidate = os.path.join(os.path.abspath(entry or os.curdir), "sitecustomize.py")
+            if os.path.dirname(candidate) != here and os.path.isfile(candidate):
+                shadowed = candidate
+                break
+    return {"ours": ours, "file": file, "chains": shadowed, "dir": here}
+
+
+def _plugin() -> dict[str, Any]:
+    visible = any(p.name == PLUGIN_NAME for p in importlib.metadata.entry_points(group=PLUGIN_GROUP))
+    allow = os.environ.get("VLLM_PLUGINS")
+    allowed = allow is None or PLUGIN_NAME in [p.strip() for p in allow.split(",")]
+    return {"visible": visible, "allowed": allowed, "vllm_plugins": allow, "active": visible and allowed}
+
+
+def _judged_here(problems: list[str]) -> list[dict[str, Any]]:
+    """Each patch's row: the registry's record where it decided in this process,
+    else the registry's decision functions called on vLLM's own functions."""
+    rows = {row["name"]: row for row in registry.status()["patches"]}
+    settings = config.Settings()
+    selected, _ = settings.selection(p.name for p in ALL)
+    states: dict[str, tuple[str, bool | None]] = {}
+    for patch in ALL:  # a guard comes after the patches it guards
+        row = rows[patch.name]
+        if row["state"] in (registry.PENDING, registry.DISABLED):
+            row.update(state=registry.PENDING, needed=None, corrections=0)
+            module = sys.modules.get(patch.module)
+            if module is None:
+                row["detail"] = f"cannot import {patch.module}"
+            else:
+                try:
+                    verdict, _ = registry.judge(patch, module, states)
+                except registry.Unavailable as exc:
+                    row.update(state=registry.FAILED, detail=str(exc))
+                else:
+                    if verdict is not None:
+                        state = (registry.EXCLUDED if patch.name not in selected
+                                 else registry.NOT_NEEDED if verdict.needed is False else registry.INSTALLED)
+                        row.update(state=state, needed=verdict.needed, detail=verdict.detail)
+        states[patch.name] = (row["state"], row["needed"])
+    return [rows[p.name] for p in ALL]
+
+
+def diagnose() -> dict[str, Any]:
     site = _sitecustomize()
     plugin = _plugin()
-    wrapt_version = _version("wrapt")
+    raw_path = os.environ.get("PYTHONPATH")
+    entries = raw_path.split(os.pathsep) if raw_path is not None else []
+    wrapt_version = version_of("wrapt")
+    problems = switch_problems()
     report: dict[str, Any] = {
+        "schema": registry.SCHEMA,
+        "version": dspark_hotfix.__version__,
+        "pid": os.getpid(),
         "python": {
             "version": sys.version.split()[0],
             "executable": sys.executable,
-            "flags": {
-                "-S (no site)": bool(sys.flags.no_site),
-                "-E (ignore environment)": bool(sys.flags.ignore_environment),
-                "-I (isolated)": bool(sys.flags.isolated),
-            },
+            "no_site": bool(sys.flags.no_site),
+            "ignore_environment": bool(sys.flags.ignore_environment),
+            "isolated": bool(sys.flags.isolated),
         },
         "sitecustomize": site,
         "plugin": plugin,
-        "versions": {"dspark_hotfix": _version("dspark-hotfix"), "wrapt": wrapt_version, "vllm": None},
-        "switches": {
-            config.ENABLE: os.environ.get(config.ENABLE),
-            config.PATCHES: os.environ.get(config.PATCHES),
-            config.STRICT: os.environ.get(config.STRICT),
-            config.LOG: os.environ.get(config.LOG),
-            "problems": settings.problems + selection_problems,
-        },
+        "pythonpath": entries,
+        "versions": {"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt_version, "vllm": None},
+        "switches": {"enabled": dspark_hotfix.enabled(), "strict": config.Settings().strict,
+                     "patches": os.environ.get(config.PATCHES), "log": os.environ.get(config.LOG)},
+        "warnings": pythonpath_warnings(entries, site["dir"]),
+        "problems": problems,
         "patches": [],
-        "problems": [],
     }
-    problems: list[str] = report["problems"]
-    try:
-        vllm = importlib.import_module("vllm")
-        report["versions"]["vllm"] = _version("vllm") or getattr(vllm, "__version__", "unknown")
-    except Exception as exc:
-        problems.append(f"vLLM cannot be imported here ({type(exc).__name__}: {exc})")
-        report["ok"] = False
-        return report
-    for patch in ALL:  # guards come after the patches they depend on
-        report["patches"].append(_patch_report(patch, patch.name in selected, report["patches"]))
-    active_path = site["active"] or plugin["active"]
+    # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            vllm = importlib.import_module("vllm")
+        except Exception as exc:
+            problems.append(f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})")
+            return _verdict(report)
+        report["versions"]["vllm"] = version_of("vllm") or getattr(vllm, "__version__", "unknown")
+        for module in dict.fromkeys(p.module for p in ALL):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
+        report["patches"] = _judged_here(problems)
+    needed = [row["name"] for row in report["patches"] if row["needed"] is not False and row["state"] != "excluded"]
     for row in report["patches"]:
-        if not row["selected"]:
-            if row["needed"]:
-                problems.append(f"{row['name']} is needed but excluded by {config.PATCHES}")
-            continue
-        if row["signature"] is not True and (row["needed"] is not False or row["found"] is False):
+        if row["state"] == registry.FAILED:
             problems.append(f"{row['name']}: {row['detail']}")
-        elif row["needed"]:
-            if not settings.enabled:
-                problems.append(f"{row['name']} is needed but {config.ENABLE}=0 turns the shim off")
-            elif not active_path:
-                problems.append(
-                    f"{row['name']} is needed but no activation path is active: put `dspark-hotfix path` on "
-                    "PYTHONPATH, or install the wheel where vLLM runs (plugin) and allow it in VLLM_PLUGINS"
-                )
-            elif wrapt_version is None:
-                problems.append(f"{row['name']} is needed but wrapt is not installed")
-            elif not wrapt_supported(wrapt_version):
-                problems.append(
-                    f"{row['name']} is needed but wrapt {wrapt_version} is not one the shim is tested with "
-                    f"({config.WRAPT_RANGE}): install e.g. wrapt==1.17.3"
-                )
-    report["ok"] = not problems
+        elif row["state"] == registry.EXCLUDED and row["needed"]:
+            problems.append(f"{row['name']} is needed but excluded by {config.PATCHES}")
+    if needed:
+        if not dspark_hotfix.enabled():
+            problems.append(f"{', '.join(needed)} needed but {config.ENABLE}={os.environ.get(config.ENABLE)!r} "
+                            "turns the shim off")
+        elif not (site["ours"] or plugin["active"]):
+            problems.append("no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix run`), "
+                            "or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
+        if wrapt_version is None:
+            problems.append(f"wrapt is not installed for {sys.executable}: {sys.executable} -m pip install "
+                            "wrapt==1.17.3")
+        elif not wrapt_supported(wrapt_version):
+            problems.append(f"wrapt {wrapt_version} is not one the shim is tested with ({config.WRAPT_RANGE}): "
+                            "install e.g. wrapt==1.17.3")
+    return _verdict(report)
+
+
+def evaluate(report: dict[str, Any]) -> int:
+    """The exit code for a report's problems and patch rows (also ``status``'s)."""
+    guards = {p.name for p in ALL if p.guards}
+    patches = [row for row in report["patches"] if row["name"] not in guards]
+    if report["problems"] or not patches:
+        return PROBLEM
+    if all(row["needed"] is False for row in patches):
+        return NOT_NEEDED
+    return OK
+
+
+def _verdict(report: dict[str, Any]) -> dict[str, Any]:
+    report["problems"] = list(dict.fromkeys(report["problems"]))
+    code = evaluate(report)
+    report.update(verdict=VERDICTS[code], exit_code=code)
     return report
 
 
 def render(report: dict[str, Any]) -> str:
-    site, plugin, versions = report["sitecustomize"], report["plugin"], report["versions"]
-    flags = ", ".join(k for k, v in report["python"]["flags"].items() if v) or "none"
+    site, plugin, versions, flags = report["sitecustomize"], report["plugin"], report["versions"], report["python"]
+    off = [f for f, key in (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated")) if flags[key]]
     lines = [
-        f"python        {report['python']['version']} ({report['python']['executable']}); "
-        f"flags that disable activation: {flags}",
-        f"sitecustomize {'ours: ' + str(site['file']) if site['active'] else 'not ours: ' + str(site['file'])}"
-        + (f"; chains {site['shadowed']}" if site["chained"] else ""),
+        f"python        {flags['version']} ({flags['executable']}); "
+        f"flags that skip activation: {', '.join(off) or 'none'}",
+        "sitecustomize " + (f"ours ({site['file']})" + (f", chains {site['chains']}" if site["chains"] else "")
+                            if site["ours"] else "not ours" + (f" ({site['file']})" if site["file"] else " (none)")),
         f"vLLM plugin   entry point {'visible' if plugin['visible'] else 'not visible'}, "
-        f"{'allowed' if plugin['allowed'] else 'not allowed by VLLM_PLUGINS=' + str(plugin['VLLM_PLUGINS'])}",
-        f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, dspark-hotfix {versions['dspark_hotfix']}",
-        "switches      "
-        + (", ".join(f"{k}={v}" for k, v in report["switches"].items() if k != "problems" and v is not None)
-           or "(defaults)"),
+        + ("allowed" if plugin["allowed"] else f"not allowed by VLLM_PLUGINS={plugin['vllm_plugins']}"),
+        f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, dspark_hotfix {versions['dspark_hotfix']}",
     ]
-    lines += [f"  ! {p}" for p in report["switches"]["problems"]]
     for row in report["patches"]:
-        sel = "" if row["selected"] else " (excluded)"
-        if row["found"] is None:
-            looked = "target not looked at"
-        else:
-            signature = {True: "as expected", False: "unexpected", None: "?"}[row["signature"]]
-            looked = f"target {'found' if row['found'] else 'missing'}, signature {signature}"
-        lines.append(f"patch         {row['name']}{sel}: {looked}, {row['detail']}")
+        lines.append(f"patch         {row['name']}: {row['state']}: {row['detail']}")
+    lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
-    lines.append("verdict       " + ("ok: the fix will be active where it is needed" if report["ok"] else "NOT OK"))
+    words = {OK: "ok: the fix will be active where it is needed",
+             NOT_NEEDED: "not needed: this vLLM is fixed upstream; the shim is a no-op here and can be removed",
+             PROBLEM: "PROBLEM: the fix will not be active where it is needed"}
+    lines.append(f"verdict       {words[report['exit_code']]} (exit {report['exit_code']})")
     return "\n".join(lines)

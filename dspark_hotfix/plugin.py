@@ -15,11 +15,11 @@ import sys
 
 
 def register() -> None:
-    from dspark_hotfix.hooks import HotfixError, install
-
     try:
-        install(source="vllm-plugin")
-    except HotfixError:
-        raise
+        from dspark_hotfix import registry
+
+        registry.install(source="vllm-plugin")
     except Exception as exc:
+        if type(exc).__name__ == "HotfixError":
+            raise
         sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")

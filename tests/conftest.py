@@ -58,7 +58,11 @@ def last_json(stdout: str) -> object:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-STATUS = "import json, dspark_hotfix; print(json.dumps({r['name']: r for r in dspark_hotfix.status()}))\n"
+# Prints status() as {patch name: its row}, each row with the process's activated_by and pid.
+STATUS = (
+    "import json, dspark_hotfix; _s = dspark_hotfix.status(); print(json.dumps({r['name']: "
+    "dict(r, activated_by=_s['activated_by'], pid=_s['pid']) for r in _s['patches']}))\n"
+)
 
 
 @pytest.fixture
@@ -121,12 +125,19 @@ def patch_names() -> tuple[str, ...]:
     return tuple(p.name for p in ALL)
 
 
+def log_lines(stderr: str, level: str) -> list[str]:
+    """The shim's log lines of ``level``, each without its level and timestamp."""
+    return [line.split("[dspark_hotfix] ", 1)[1] for line in stderr.splitlines()
+            if line.startswith(f"{level} ") and "[dspark_hotfix] " in line]
+
+
 def warning_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if " WARNING: " in line]
+    return log_lines(stderr, "WARNING")
 
 
-def patched_lines(stderr: str, name: str) -> list[str]:
-    return [line for line in stderr.splitlines() if f" INFO: {name}: patched " in line]
+def summary_lines(stderr: str) -> list[str]:
+    """The one INFO line per process that says what the shim did there."""
+    return [line for line in log_lines(stderr, "INFO") if line.startswith("dspark_hotfix ")]
 
 
 def json_lines(stdout: str) -> list[object]:

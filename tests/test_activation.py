@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import REPO, STANDIN, STATUS, last_json, run_python
+from tests.conftest import REPO, STANDIN, STATUS, last_json, log_lines, run_python, summary_lines, warning_lines
 
 TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
@@ -30,9 +30,11 @@ def test_pythonpath_activation_patches_every_target_on_import():
     rows = last_json(proc.stdout)
     assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "installed")
     assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
-    # One line per patch naming the pid, and nothing else at the default level.
+    # One line for the process, in vLLM's format, and nothing else at the default level.
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == len(PATCHES) and all("patched" in line and "in pid" in line for line in lines)
+    assert len(lines) == 1 and lines[0].startswith("INFO ")
+    (summary,) = summary_lines(proc.stderr)
+    assert summary.endswith(" via sitecustomize: 3 patched, 2 guards on") and summary.startswith("dspark_hotfix 0.2.0")
 
 
 def test_warmup_crashes_without_the_shim_and_runs_with_it():
@@ -51,10 +53,20 @@ def test_warmup_crashes_without_the_shim_and_runs_with_it():
 def test_view_guard_turns_a_narrow_view_into_a_clear_error_when_the_swa_patch_is_off():
     report = last_json(run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-swa_kv_cache_spec"}).stdout)
     error = report["error"]
-    assert error.startswith("HotfixError: kv_view_guard: DeepSeek-V4 fp8_ds_mla KV views of 584 bytes/token expected")
-    assert "draft.0.swa: SlidingWindowMLASpec(kv_quant_mode=NONE" in error and "(4, 64, 512)" in error
-    assert "target.compressed" not in error  # that one was corrected
-    assert "PR #47716" in error
+    assert error.startswith("HotfixError: kv_view_guard: DeepSeek-V4 fp8_ds_mla KV views FlashMLA would reject")
+    # Each kind of spec once, with the layers counted; the cause named: the patch that was excluded.
+    assert "SlidingWindowMLASpec(kv_quant_mode=NONE) viewed at 512 bytes/token: target.swa and 3 more layers" in error
+    assert error.count("SlidingWindowMLASpec") == 1 and "MLAAttentionSpec" not in error  # that one was corrected
+    assert "swa_kv_cache_spec excluded (excluded by DSPARK_HOTFIX_PATCHES; needed (vLLM returns 512" in error
+    assert "PR #47716" in error and len(error) < 700
+
+
+def test_view_guard_names_a_spec_patch_that_failed_not_one_to_enable(broken_standin):
+    warmup = WARMUP.replace(str(STANDIN), str(broken_standin))
+    report = last_json(run_python(warmup, path=(REPO, broken_standin)).stdout)
+    assert report["error"].startswith("HotfixError: kv_view_guard: ")
+    assert "swa_kv_cache_spec failed (unexpected signature DeepseekV4SWACache.get_kv_cache_spec" in report["error"]
+    assert "DSPARK_HOTFIX_PATCHES" not in report["error"]
 
 
 def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first():
@@ -67,10 +79,22 @@ def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first
 
 def test_draft_load_guard_names_the_unloaded_layers_when_the_remap_is_off():
     proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"})
-    errors = [line for line in proc.stderr.splitlines() if " ERROR: " in line]
-    assert len(errors) == 1 and "6 DSpark draft parameters were never loaded" in errors[0]
+    errors = log_lines(proc.stderr, "ERROR")
+    assert len(errors) == 1 and errors[0].startswith("draft_load_coverage: 6 DSpark draft parameters were never loaded")
     assert "model.layers.0.attn.wkv.weight" in errors[0] and "lm_head" not in errors[0]
-    assert " ERROR: " not in run_python(WARMUP).stderr  # with the remap patch: all loaded
+    assert "remap_dspark_name excluded" in errors[0]
+    assert log_lines(run_python(WARMUP).stderr, "ERROR") == []  # with the remap patch: all loaded
+
+
+def test_draft_load_guard_reads_none_as_not_tracked_as_vllm_does(tmp_path):
+    # vLLM's DefaultModelLoader checks coverage only when load_weights returns a set.
+    from tests.conftest import edited_standin
+
+    root = edited_standin(tmp_path / "standin", {
+        "vllm/models/deepseek_v4/nvidia/dspark.py": [("        return loaded\n", "        return None\n")]})
+    env = {"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name", "DSPARK_HOTFIX_STRICT": "1"}
+    proc = run_python(WARMUP.replace(str(STANDIN), str(root)), path=(REPO, root), env=env)
+    assert log_lines(proc.stderr, "ERROR") == [] and last_json(proc.stdout)["loaded"] is None
 
 
 def test_draft_load_guard_stops_the_load_in_strict_mode():
@@ -78,11 +102,14 @@ def test_draft_load_guard_stops_the_load_in_strict_mode():
     assert "HotfixError: draft_load_coverage: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
 
 
-def test_first_correction_is_logged_once_with_what_changed():
-    proc = run_python(WARMUP)
-    swa = [line for line in proc.stderr.splitlines() if "swa_kv_cache_spec: first correction" in line]
-    assert len(swa) == 1 and "512 -> 584 bytes/token" in swa[0]
+def test_first_correction_is_logged_once_at_debug_and_corrections_are_counted():
+    proc = run_python(WARMUP + "\n" + STATUS, env={"DSPARK_HOTFIX_LOG": "DEBUG"})
+    swa = [line for line in log_lines(proc.stderr, "DEBUG") if line.startswith("swa_kv_cache_spec: first correction")]
+    assert len(swa) == 1 and "kv_quant_mode=<KVQuantMode.FP8_PER_TENSOR" in swa[0]
     assert "model.layers.43.attn.wkv.weight -> model.layers.0.attn.wkv.weight" in proc.stderr
+    rows = last_json(proc.stdout)
+    assert (rows["swa_kv_cache_spec"]["corrections"], rows["remap_dspark_name"]["corrections"]) == (4, 6)
+    assert "first correction" not in run_python(WARMUP).stderr
 
 
 def test_off_means_nothing_is_wrapped_and_nothing_is_said():
@@ -108,24 +135,29 @@ def test_hooks_fire_when_installed_after_vllm_is_imported():
 def test_selection_patches_only_the_named_patch():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
     assert rows["swa_kv_cache_spec"]["state"] == "installed"
-    assert {rows[n]["state"] for n in PATCHES if n != "swa_kv_cache_spec"} == {"disabled"}
+    assert {rows[n]["state"] for n in PATCHES if n != "swa_kv_cache_spec"} == {"excluded"}
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}).stdout)
-    assert rows["remap_dspark_name"]["state"] == "disabled"
+    assert rows["remap_dspark_name"]["state"] == "excluded"
     assert rows["swa_kv_cache_spec"]["state"] == "installed"
 
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("DSPARK_HOTFIX", "perhaps"), ("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_LOG", "loud"),
+    [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_LOG", "loud"),
      ("DSPARK_HOTFIX_PATCHES", "swa_kv_cache_spec,bogus")],
 )
 def test_malformed_value_warns_once_and_uses_the_default(var, value):
     proc = run_python(TARGETS + STATUS, env={var: value})
-    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and var in warnings[0] and repr(value.split(",")[-1]) in warnings[0]
+    warnings = warning_lines(proc.stderr)
+    assert warnings[0].startswith(var) and repr(value.split(",")[-1]) in warnings[0]
+    if var == "DSPARK_HOTFIX_PATCHES":  # and, once, what the selection leaves off
+        assert warnings[1:] == ["DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: remap_dspark_name, "
+                                "attention_kv_cache_spec, draft_load_coverage, kv_view_guard"]
+    else:
+        assert len(warnings) == 1
     assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
 
 
@@ -154,7 +186,7 @@ def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(broken_stan
     proc = run_python(TARGETS, path=(REPO, broken_standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dspark_hotfix.hooks.HotfixError: swa_kv_cache_spec: cannot patch ")
+    assert last.startswith("dspark_hotfix.registry.HotfixError: swa_kv_cache_spec: cannot patch ")
     assert "DeepseekV4SWACache.get_kv_cache_spec" in last and "DSPARK_HOTFIX_PATCHES=-swa_kv_cache_spec" in last
 
 
@@ -186,7 +218,7 @@ import multiprocessing as mp, json
 
 def child(_):
     import dspark_hotfix, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, os
-    return os.getpid(), [r['state'] for r in dspark_hotfix.status()]
+    return os.getpid(), [r['state'] for r in dspark_hotfix.status()['patches']]
 
 if __name__ == '__main__':
     with mp.get_context('spawn').Pool(8) as pool:
@@ -199,7 +231,7 @@ if __name__ == '__main__':
     results = last_json(proc.stdout)
     assert len(results) == 8
     assert all(states == ["installed"] * len(PATCHES) for _, states in results)
-    assert proc.stderr.count("swa_kv_cache_spec: patched") >= len({pid for pid, _ in results})
+    assert len(summary_lines(proc.stderr)) >= len({pid for pid, _ in results})
 
 
 @pytest.mark.parametrize("flag", ["-S", "-I"])
@@ -218,7 +250,7 @@ def test_double_install_is_idempotent():
     proc = run_python(code + IS_ORIGINAL + STATUS)
     originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     assert originals == [False] * len(PATCHES)
-    assert proc.stderr.count("swa_kv_cache_spec: patched") == 1
+    assert len(summary_lines(proc.stderr)) == 1
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
 
 
@@ -231,7 +263,7 @@ original = wrapped.__wrapped__
 dspark_hotfix.uninstall()
 restored = S.__dict__['get_kv_cache_spec']
 print(json.dumps([restored is original, restored is not wrapped,
-                  [r['state'] for r in dspark_hotfix.status()]]))
+                  [r['state'] for r in dspark_hotfix.status()['patches']]]))
 """
     same, changed, states = last_json(run_python(code).stdout)
     assert same and changed and states == ["disabled"] * len(PATCHES)
@@ -242,7 +274,7 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
     loaded = set(eval(proc.stdout))
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == {"dspark_hotfix"}  # active, one module
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
-    assert not loaded & (heavy | {"dspark_hotfix.hooks", "dspark_hotfix.config", "dspark_hotfix.patches"})
+    assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
 
 
 def test_activation_triggers_are_the_packages_of_the_targets():
@@ -256,7 +288,7 @@ def test_a_vllm_process_that_never_loads_deepseek_v4_never_imports_wrapt():
     code = "import vllm, vllm.v1.kv_cache_interface, sys\nprint(repr(sorted(sys.modules)))"
     loaded = set(eval(run_python(code).stdout))
     assert "dspark_hotfix" in loaded and "sitecustomize" in loaded
-    assert not loaded & {"wrapt", "dspark_hotfix.hooks", "logging"}
+    assert not loaded & {"wrapt", "dspark_hotfix.registry", "logging"}
 
 
 def test_doctor_judges_guards_as_the_hooks_do():
@@ -266,17 +298,16 @@ def test_doctor_judges_guards_as_the_hooks_do():
     report = __import__("json").loads(proc.stdout)
     rows = {p["name"]: p for p in report["patches"]}
     assert proc.returncode == 1
-    assert rows["kv_view_guard"]["needed"] is False  # the patches it guards are excluded: so is it
-    assert rows["draft_load_coverage"]["needed"] is True
+    # The patches it guards are excluded but needed here: the guard is on, in doctor and in the hooks.
+    assert (rows["kv_view_guard"]["needed"], rows["draft_load_coverage"]["needed"]) == (True, True)
     assert "swa_kv_cache_spec is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
-    hooks = last_json(run_python(WARMUP.replace("print(json.dumps(warmup.run()))", "warmup.run()") + "\n" + STATUS,
-                                 env=env).stdout)
-    assert hooks["kv_view_guard"]["state"] == "not_needed"
+    hooks = last_json(run_python(TARGETS + STATUS, env=env).stdout)
+    assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
+    assert hooks["kv_view_guard"]["state"] == "installed"
 
 
 def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do():
-    # Two-parameter targets get a two-parameter wrapper carrying vLLM's own names:
-    # keyword calls bind as on vLLM's function, and a wrong call fails the same way.
+    # Keyword calls bind as on vLLM's function, and a wrong call fails the same way.
     code = TARGETS + """
 import inspect, json
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
@@ -290,7 +321,6 @@ try:
 except TypeError as exc:
     wrong = str(exc)
 print(json.dumps({
-    "code": list(wrapper.__code__.co_varnames[:wrapper.__code__.co_argcount]),
     "signature": list(inspect.signature(wrapper).parameters),
     "keyword": D()._remap_dspark_name(name="mtp.1.attn.wkv.weight"),
     "positional": D()._remap_dspark_name("mtp.1.attn.wkv.weight"),
@@ -299,7 +329,7 @@ print(json.dumps({
 }))
 """
     got = last_json(run_python(code).stdout)
-    assert got["code"] == got["signature"] == ["self", "name"]
+    assert got["signature"] == ["self", "name"]
     assert got["keyword"] == got["positional"] == "model.layers.1.attn.wkv.weight"
     assert got["spec_keyword"] == "FP8_PER_TENSOR"
     assert "unexpected keyword argument 'nom'" in got["wrong"]
@@ -327,24 +357,20 @@ def test_doctor_names_a_wrapt_outside_the_tested_releases(tmp_path, version, sup
     assert any(f"wrapt {version} is not one the shim is tested with (1.17 to 2.x)" in p for p in report["problems"])
 
 
-@pytest.mark.parametrize("parameters", [("self", "name"), ("self", "result"), ("self", "fixed"), ("a", "b", "c")])
+@pytest.mark.parametrize("parameters", [("self", "name"), ("self", "result"), ("self", "vllm"), ("self", "returned"),
+                                        ("a", "b", "c")])
 def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parameters):
-    # Two-parameter targets get a two-parameter wrapper renamed to vLLM's names, unless a
-    # name is one of the wrapper's own locals: then the general wrapper takes its place.
-    from dspark_hotfix import hooks
+    from dspark_hotfix import registry
     from dspark_hotfix.patches import Patch
 
     namespace: dict = {}
     exec(f"def target({', '.join(parameters)}):\n    return ({', '.join(parameters)},)", namespace)
 
-    class Echo(Patch):
-        name, module, qualname = "echo", "nowhere", "target"
+    def replacement(vllm, /, *args, **kwargs):
+        return (*vllm(*args, **kwargs), "corrected")
 
-        def correct(self, result, /, *args, **kwargs):
-            return (*result, "corrected")
-
-    Echo.parameters = parameters
-    wrapper = hooks._corrector(hooks._Record(Echo(), hooks.INSTALLED, ""), namespace["target"])
+    patch = Patch("echo", "nowhere", "target", parameters, replacement, "echo")
+    wrapper = registry._wrap(registry.Record(patch, registry.INSTALLED, ""), namespace["target"])
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
     assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")

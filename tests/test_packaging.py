@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import STANDIN, STATUS, clean_env, last_json
+from tests.conftest import STANDIN, STATUS, clean_env, last_json, summary_lines
 
 TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
@@ -106,7 +106,7 @@ def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
-                                          ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX=0")])
+                                          ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
     proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
@@ -119,15 +119,16 @@ def test_both_paths_share_one_installer(venv):
     proc = run(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert proc.stderr.count("swa_kv_cache_spec: patched") == 1
+    assert len(summary_lines(proc.stderr)) == 1
 
 
 def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout
-    assert report["ok"] and report["sitecustomize"]["active"] and report["plugin"]["visible"]
-    assert report["sitecustomize"]["chained"] and report["sitecustomize"]["shadowed"].endswith("sitecustomize.py")
+    assert (report["schema"], report["verdict"], report["exit_code"]) == (1, "ok", 0)
+    assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
+    assert report["sitecustomize"]["chains"].startswith(str(venv["purelib"]))
     assert {p["name"]: p["needed"] for p in report["patches"]} == {
         "remap_dspark_name": True, "attention_kv_cache_spec": True,
         "swa_kv_cache_spec": True, "draft_load_coverage": True, "kv_view_guard": True,
@@ -139,17 +140,68 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
 def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
     assert proc.returncode == 1
-    assert "PROBLEM       swa_kv_cache_spec is needed but DSPARK_HOTFIX=0 turns the shim off" in proc.stdout
+    assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, draft_load_coverage, "
+            "kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
 
 
 def test_doctor_fails_without_any_activation_path(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(STANDIN,), VLLM_PLUGINS="")
     report = json.loads(proc.stdout)
-    assert proc.returncode == 1 and not report["ok"]
-    assert any("no activation path is active" in p for p in report["problems"])
+    assert proc.returncode == 1 and report["verdict"] == "problem"
+    assert any(p.startswith("no activation path") for p in report["problems"])
 
 
 def test_doctor_fails_without_vllm(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor", "--json"))
     assert proc.returncode == 1
-    assert "vLLM cannot be imported here" in json.loads(proc.stdout)["problems"][0]
+    assert f"vLLM cannot be imported by {venv['python']}" in json.loads(proc.stdout)["problems"][0]
+
+
+def test_version_flag_prints_the_version(venv):
+    import dspark_hotfix
+
+    proc = run(venv, args=("dspark-hotfix", "--version"))
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"dspark-hotfix {dspark_hotfix.__version__}")
+
+
+def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
+    # The launcher puts the start-up directory first on PYTHONPATH, keeps only the
+    # absolute entries already there (an empty one would put the cwd on sys.path), checks
+    # the command's interpreter, says so in one line on stderr, and execs the command.
+    code = TARGETS + STATUS + "import sys; print(json.dumps(sys.path))"
+    proc = run(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code), path=("", STANDIN, "relative/dir"))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+    banner, summary = proc.stderr.splitlines()
+    assert banner.startswith("dspark_hotfix ") and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
+    assert summary_lines(summary) and "relative/dir" not in json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(venv, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    proc = run(venv, args=("dspark-hotfix", "run", "--", str(bare / "bin" / "python"), "-c", "print('ran')"))
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
+    assert f"{bare / 'bin' / 'python'} -m pip install dspark-hotfix" in proc.stderr
+
+
+@pytest.fixture
+def fixed_standin(tmp_path):
+    from tests.conftest import edited_standin
+    from tests.test_safety import FIXED
+
+    return edited_standin(tmp_path / "standin", FIXED)
+
+
+def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
+    path = (startup_dir(venv), fixed_standin)
+    doctor = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=path)
+    status = run(venv, args=("dspark-hotfix", "status", "--import-targets", "--json"), path=path)
+    assert (doctor.returncode, status.returncode) == (3, 3), doctor.stdout + status.stdout
+    for report in (json.loads(doctor.stdout), json.loads(status.stdout)):
+        assert report["verdict"] == "not_needed" and report["schema"] == 1
+        assert {p["state"] for p in report["patches"]} == {"not_needed"}
+        assert set(report["patches"][0]) == {"name", "target", "state", "needed", "corrections", "detail"}

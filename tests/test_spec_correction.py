@@ -95,75 +95,32 @@ def test_a_rebuild_that_does_not_give_584_is_refused(vllm):
 def test_probe_finds_the_defect_in_the_standin(vllm, patch):
     module = __import__(patch.module, fromlist=["_"])
     cls_name, _, method = patch.qualname.partition(".")
-    patch.prepare(module)
     verdict = patch.probe(getattr(module, cls_name).__dict__[method])
     assert verdict.needed is True
     assert "512 bytes/token" in verdict.detail and "584" in verdict.detail
 
 
-def _fresh(patch, vllm):
-    """The patch as the hooks leave it after ``prepare``: nothing remembered yet."""
-    patch.prepare(__import__(patch.module, fromlist=["_"]))
-    return patch
+@pytest.mark.parametrize("patch", [ATTENTION, SWA], ids=lambda p: p.name)
+def test_the_replacement_calls_vllm_and_returns_the_corrected_spec(vllm, patch):
+    module = __import__(patch.module, fromlist=["_"])
+    cls_name, _, method = patch.qualname.partition(".")
+    cls = getattr(module, cls_name)
+    layer = cls(compress_ratio=4) if cls is vllm.DeepseekV4Attention else cls()
+    fixed = patch.replacement(vars(cls)[method], layer, CONFIG)
+    assert runner_bytes_per_token(fixed) == 584 and fixed.page_size_bytes == 37440
 
 
-def test_equal_specs_share_one_correction_and_right_ones_stay_vllms_own(vllm):
-    swa = _fresh(SWA, vllm)
-    layers = [vllm.DeepseekV4SWACache() for _ in range(3)]
-    specs = [layer.get_kv_cache_spec(CONFIG) for layer in layers]
-    fixed = [swa.correct(spec, layer, CONFIG) for spec, layer in zip(specs, layers, strict=True)]
-    assert specs[0] is not specs[1] and specs[0] == specs[1]
-    assert fixed[0] is fixed[1] is fixed[2] and runner_bytes_per_token(fixed[0]) == 584
-    assert len(swa._known) == 1
-    # A spec that needs nothing is remembered as such, and vLLM's object comes back each time.
-    right = [swa.correct(f, layer, CONFIG) for f, layer in zip(fixed, layers, strict=True)]
-    assert right[0] is fixed[0]
-    auto = vllm.DeepseekV4SWACache(cache_dtype="auto")
-    first, second = auto.get_kv_cache_spec(CONFIG), auto.get_kv_cache_spec(CONFIG)
-    assert swa.correct(first, auto, CONFIG) is first and swa.correct(second, auto, CONFIG) is second
-
-
-def test_a_field_left_out_of_equality_is_never_served_from_another_spec(vllm):
-    # vLLM 0.33's AttentionSpec has is_draft = field(compare=False): two specs that
-    # compare equal can still differ there, and each must keep its own.
+def test_a_field_left_out_of_equality_is_kept(vllm):
+    # vLLM 0.33's AttentionSpec has is_draft = field(compare=False): the rebuilt spec keeps it.
     from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class DraftAwareSpec(SlidingWindowMLASpec):
         is_draft: bool = dataclasses.field(default=False, compare=False)
 
-    swa = _fresh(SWA, vllm)
     base = {f.name: getattr(vllm.DeepseekV4SWACache().get_kv_cache_spec(CONFIG), f.name)
             for f in dataclasses.fields(SlidingWindowMLASpec)}
-    target, draft = DraftAwareSpec(**base), DraftAwareSpec(**base, is_draft=True)
-    assert target == draft
-    layer = vllm.DeepseekV4SWACache()
-    got = [swa.correct(spec, layer, CONFIG) for spec in (target, draft, target, draft)]
-    assert [g.is_draft for g in got] == [False, True, False, True]
+    mode = vllm.get_kv_quant_mode("fp8_ds_mla")
+    got = [fp8_ds_mla_spec(DraftAwareSpec(**base, is_draft=d), "fp8_ds_mla", mode) for d in (False, True)]
+    assert [g.is_draft for g in got] == [False, True]
     assert all(runner_bytes_per_token(g) == 584 for g in got)
-
-
-def test_an_unhashable_spec_is_still_corrected(vllm):
-    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class UnhashableSpec(SlidingWindowMLASpec):
-        __hash__ = None  # type: ignore[assignment]
-
-    swa = _fresh(SWA, vllm)
-    spec = vllm.DeepseekV4SWACache().get_kv_cache_spec(CONFIG)
-    unhashable = UnhashableSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
-    with pytest.raises(TypeError):
-        hash(unhashable)
-    fixed = swa.correct(unhashable, vllm.DeepseekV4SWACache(), CONFIG)
-    assert isinstance(fixed, UnhashableSpec) and runner_bytes_per_token(fixed) == 584
-    assert swa._known == {}
-
-
-def test_what_is_remembered_is_bounded(vllm):
-    swa = _fresh(SWA, vllm)
-    layer = vllm.DeepseekV4SWACache()
-    for window in range(swa.KNOWN_LIMIT + 10):
-        spec = dataclasses.replace(layer.get_kv_cache_spec(CONFIG), sliding_window=window + 1)
-        assert runner_bytes_per_token(swa.correct(spec, layer, CONFIG)) == 584
-    assert len(swa._known) == swa.KNOWN_LIMIT

@@ -1,21 +1,66 @@
-"""The patches, one module each. Imported only once vLLM is being imported."""
+"""The patches of vLLM, one module each; imported only once vLLM is being imported.
+
+Each module starts with its replacement: a plain function that calls vLLM's own
+function first and passes its answer through a pure correction (or, for a
+guard, a check). The registry (``dspark_hotfix.registry``) wraps vLLM's
+function with it only where the probe says the running vLLM needs it.
+
+remap_dspark_name
+    Target: ``vllm.models.deepseek_v4.nvidia.dspark.DSparkDeepseekV4ForCausalLM._remap_dspark_name``.
+    Why: the reported build loads draft weights ``mtp.{i}.*`` into
+    ``model.layers.{num_hidden_layers + i}.*``; the draft registers ``model.layers.{i}.*``.
+    How it decides: vLLM's method maps ``mtp.1.*`` for a stand-in draft of 3 layers.
+    Upstream: vllm-project/vllm#47648 cause (1); every release maps positionally.
+    Remove: with any release (>= 0.25.0).
+
+attention_kv_cache_spec
+    Target: ``vllm.models.deepseek_v4.attention.DeepseekV4Attention.get_kv_cache_spec``.
+    Why: its ``fp8_ds_mla`` spec lacks ``kv_quant_mode``; the V2 runner then views
+    the compressed cache at 512 bytes/token instead of 584.
+    How it decides: vLLM's method answers for a stand-in ``fp8_ds_mla`` layer.
+    Upstream: #47648 cause (2), fixed by PR #47716; regression from PR #42890.
+    Remove: with PR #47716 (>= 0.25.0).
+
+swa_kv_cache_spec
+    Target: ``vllm.v1.attention.backends.mla.sparse_swa.DeepseekV4SWACache.get_kv_cache_spec``.
+    Why: the same for the sliding-window cache, the tensor FlashMLA rejects
+    (DSpark draft layers have only this cache).
+    How it decides: as above, with a stand-in SWA layer.
+    Upstream: #47648 (2026-07-06 follow-up), fixed by PR #47716.
+    Remove: with PR #47716 (>= 0.25.0).
+
+draft_load_coverage (guard of remap_dspark_name)
+    Target: ``...DSparkDeepseekV4ForCausalLM.load_weights``.
+    Why: a draft whose weights never loaded runs with random weights, silently.
+    How it decides: applied where ``remap_dspark_name`` is needed.
+    Remove: with ``remap_dspark_name``.
+
+kv_view_guard (guard of the two spec patches)
+    Target: ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``.
+    Why: a narrow ``fp8_ds_mla`` view that got through anyway stops with an error
+    naming the layers and the patch that did not apply, not FlashMLA's.
+    How it decides: applied where either spec patch is needed.
+    Remove: with the spec patches.
+"""
 
 from __future__ import annotations
 
-from dspark_hotfix.patches.attention_kv_cache_spec import PATCH as ATTENTION_KV_CACHE_SPEC
-from dspark_hotfix.patches.base import Patch, PatchUnavailable, Verdict
-from dspark_hotfix.patches.draft_load_coverage import PATCH as DRAFT_LOAD_COVERAGE
-from dspark_hotfix.patches.kv_view_guard import PATCH as KV_VIEW_GUARD
-from dspark_hotfix.patches.remap_dspark_name import PATCH as REMAP_DSPARK_NAME
-from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA_KV_CACHE_SPEC
+from dspark_hotfix.patches import (
+    attention_kv_cache_spec,
+    draft_load_coverage,
+    kv_view_guard,
+    remap_dspark_name,
+    swa_kv_cache_spec,
+)
+from dspark_hotfix.patches.base import Finding, Patch, Verdict
 
-# Guards come after the patches they depend on.
+# A guard comes after the patches it guards.
 ALL: tuple[Patch, ...] = (
-    REMAP_DSPARK_NAME,
-    ATTENTION_KV_CACHE_SPEC,
-    SWA_KV_CACHE_SPEC,
-    DRAFT_LOAD_COVERAGE,
-    KV_VIEW_GUARD,
+    remap_dspark_name.PATCH,
+    attention_kv_cache_spec.PATCH,
+    swa_kv_cache_spec.PATCH,
+    draft_load_coverage.PATCH,
+    kv_view_guard.PATCH,
 )
 
-__all__ = ["ALL", "Patch", "PatchUnavailable", "Verdict"]
+__all__ = ["ALL", "Finding", "Patch", "Verdict"]

@@ -12,7 +12,7 @@ with cache dtype ``"auto"``: 512 bytes per token instead of 584.
 Upstream: vllm-project/vllm#47648; fixed by PR #47716, which sets
 ``kv_quant_mode`` on both DeepSeek-V4 specs; regression from PR #42890.
 
-Decision: at import, the real method is called with a stand-in ``fp8_ds_mla``
+Decision: at import, vLLM's method is called with a stand-in ``fp8_ds_mla``
 layer; the patch is applied only if the spec it returns lacks the layout
 (see ``fp8_ds_mla.py``). Released vLLM (>= 0.25.0) is left untouched.
 
@@ -22,28 +22,32 @@ Removal: once the fleet runs a vLLM that carries PR #47716 (any release from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.fp8_ds_mla import CACHE_DTYPE, SpecPatch, uint8_dtype
+from dspark_hotfix.patches.base import Patch, Verdict
+from dspark_hotfix.patches.fp8_ds_mla import CACHE_DTYPE, fp8_ds_mla_spec, probe_spec, quant_mode, uint8_dtype
 
 
-class AttentionKVCacheSpec(SpecPatch):
-    name = "attention_kv_cache_spec"
-    module = "vllm.models.deepseek_v4.attention"
-    qualname = "DeepseekV4Attention.get_kv_cache_spec"
-    summary = "DeepSeek-V4 compressed-attention spec carries the fp8_ds_mla layout"
-
-    def layer_cache_dtype(self, layer: Any) -> str | None:
-        return getattr(layer, "kv_cache_dtype", None)
-
-    def probe_layer(self) -> Any:
-        return SimpleNamespace(
-            compress_ratio=4,
-            kv_cache_dtype=CACHE_DTYPE,
-            head_dim=512,
-            kv_cache_torch_dtype=uint8_dtype(),
-        )
+def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, vllm_config: Any) -> Any:
+    """``DeepseekV4Attention.get_kv_cache_spec``, patched."""
+    spec = vllm_get_kv_cache_spec(self, vllm_config)
+    return fp8_ds_mla_spec(spec, self.kv_cache_dtype, quant_mode())
 
 
-PATCH = AttentionKVCacheSpec()
+def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Verdict:
+    layer = SimpleNamespace(compress_ratio=4, kv_cache_dtype=CACHE_DTYPE, head_dim=512,
+                            kv_cache_torch_dtype=uint8_dtype())
+    return probe_spec(vllm_get_kv_cache_spec, layer)
+
+
+PATCH = Patch(
+    name="attention_kv_cache_spec",
+    module="vllm.models.deepseek_v4.attention",
+    qualname="DeepseekV4Attention.get_kv_cache_spec",
+    parameters=("self", "vllm_config"),
+    replacement=get_kv_cache_spec,
+    summary="DeepSeek-V4 compressed-attention spec carries the fp8_ds_mla layout",
+    probe=probe,
+)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Patch, PatchUnavailable, Verdict
+from dspark_hotfix.patches.base import Verdict
 
 CACHE_DTYPE = "fp8_ds_mla"
 BYTES_PER_TOKEN = 584
@@ -32,33 +33,6 @@ MODEL_VERSION = "deepseek_v4"
 
 class CorrectionFailed(Exception):
     """The rebuilt spec does not give the layout's 584 bytes per token."""
-
-
-def runner_bytes_per_token(spec: Any) -> int:
-    """Bytes per token of the KV view the V2 runner builds from ``spec``.
-
-    A spec without a quantization mode is viewed with cache dtype ``"auto"``:
-    head_size elements of the spec's dtype. Otherwise the spec's own page rule
-    decides (real page bytes over the slots one page stores).
-    """
-    if int(spec.kv_quant_mode) == 0:  # KVQuantMode.NONE in every release
-        return int(spec.head_size) * int(getattr(spec.dtype, "itemsize", 1))
-    content = getattr(spec, "state_content_size_bytes", None)  # vLLM >= 0.28
-    if content is not None:
-        return int(content)
-    slots = getattr(spec, "storage_block_size", spec.block_size)
-    return int(spec.real_page_size_bytes) // int(slots)
-
-
-def holds_layout(spec: Any, quant_mode: Any) -> bool:
-    """Whether ``spec`` already carries the layout. Any alignment counts: newer
-    releases align packed pages to what the layer asks for (DeepSeek-V4.1's
-    differ from 576), and a spec with its quantization mode set is vLLM's call."""
-    return (
-        spec.kv_quant_mode == quant_mode
-        and getattr(spec, "cache_dtype_str", CACHE_DTYPE) == CACHE_DTYPE
-        and getattr(spec, "alignment", PAGE_ALIGNMENT) is not None
-    )
 
 
 def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -> Any:
@@ -83,8 +57,7 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
         changes["cache_dtype_str"] = CACHE_DTYPE
     if "alignment" in fields:
         changes["alignment"] = PAGE_ALIGNMENT
-    if "page_size_padded" in fields:
-        # Derived from the alignment in __post_init__: let vLLM recompute it.
+    if "page_size_padded" in fields:  # derived from the alignment in __post_init__
         changes["page_size_padded"] = None
     if "model_version" in fields and spec.model_version is None:
         changes["model_version"] = MODEL_VERSION
@@ -94,23 +67,44 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
     got = runner_bytes_per_token(fixed)
     if got != BYTES_PER_TOKEN or fixed.page_size_bytes % PAGE_ALIGNMENT:
         raise CorrectionFailed(
-            f"rebuilt {type(spec).__name__} gives {got} bytes/token and a "
-            f"{fixed.page_size_bytes}-byte page, not {BYTES_PER_TOKEN} on a "
-            f"{PAGE_ALIGNMENT}-byte alignment"
+            f"rebuilt {type(spec).__name__} gives {got} bytes/token and a {fixed.page_size_bytes}-byte page, "
+            f"not {BYTES_PER_TOKEN} on a {PAGE_ALIGNMENT}-byte alignment"
         )
     return fixed
 
 
-def uncompared_fields(spec: Any) -> tuple[str, ...]:
-    """Fields of the spec's dataclass that ``==`` ignores (``field(compare=False)``)."""
-    return tuple(f.name for f in dataclasses.fields(spec) if not f.compare)
+def holds_layout(spec: Any, quant_mode: Any) -> bool:
+    """Whether ``spec`` already carries the layout. Any alignment counts: newer
+    releases align packed pages to what the layer asks for (DeepSeek-V4.1's
+    differ from 576), and a spec with its quantization mode set is vLLM's call."""
+    return (
+        spec.kv_quant_mode == quant_mode
+        and getattr(spec, "cache_dtype_str", CACHE_DTYPE) == CACHE_DTYPE
+        and getattr(spec, "alignment", PAGE_ALIGNMENT) is not None
+    )
 
 
-_UNKNOWN = object()
+def runner_bytes_per_token(spec: Any) -> int:
+    """Bytes per token of the KV view the V2 runner builds from ``spec``.
+
+    A spec without a quantization mode is viewed with cache dtype ``"auto"``:
+    head_size elements of the spec's dtype. Otherwise the spec's own page rule
+    decides (real page bytes over the slots one page stores).
+    """
+    if int(spec.kv_quant_mode) == 0:  # KVQuantMode.NONE in every release
+        return int(spec.head_size) * int(getattr(spec.dtype, "itemsize", 1))
+    content = getattr(spec, "state_content_size_bytes", None)  # vLLM >= 0.28
+    if content is not None:
+        return int(content)
+    slots = getattr(spec, "storage_block_size", spec.block_size)
+    return int(spec.real_page_size_bytes) // int(slots)
 
 
-def _mode(spec: Any) -> str:
-    return str(getattr(spec.kv_quant_mode, "name", spec.kv_quant_mode))
+def quant_mode() -> Any:
+    """``get_kv_quant_mode("fp8_ds_mla")`` of the running vLLM."""
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    return get_kv_quant_mode(CACHE_DTYPE)
 
 
 def uint8_dtype() -> Any:
@@ -118,92 +112,18 @@ def uint8_dtype() -> Any:
     return torch.uint8 if torch is not None else "uint8"
 
 
-class SpecPatch(Patch):
-    """A DeepSeek-V4 ``get_kv_cache_spec(self, vllm_config)`` producer."""
-
-    parameters = ("self", "vllm_config")
-    quant_mode: Any = None
-    KNOWN_LIMIT = 64  # distinct specs remembered; a model has a handful
-
-    def __init__(self) -> None:
-        self._known: dict[tuple, Any] = {}
-        self._uncompared: dict[type, tuple[str, ...]] = {}
-
-    def layer_cache_dtype(self, layer: Any) -> str | None:
-        raise NotImplementedError
-
-    def probe_layer(self) -> Any:
-        """A stand-in ``self`` for an ``fp8_ds_mla`` layer, with the attributes
-        the released methods read (0.25.0 to 0.33.0)."""
-        raise NotImplementedError
-
-    def prepare(self, module: Any) -> None:
-        interface = sys.modules.get("vllm.v1.kv_cache_interface")
-        if interface is None:
-            import importlib
-
-            interface = importlib.import_module("vllm.v1.kv_cache_interface")
-        get_kv_quant_mode = getattr(interface, "get_kv_quant_mode", None)
-        if get_kv_quant_mode is None or not hasattr(interface, "KVQuantMode"):
-            raise PatchUnavailable(
-                "vllm.v1.kv_cache_interface has no get_kv_quant_mode/KVQuantMode"
-            )
-        self.quant_mode = get_kv_quant_mode(CACHE_DTYPE)
-        self._known.clear()  # made with the quantization mode of a vLLM imported before
-
-    def probe(self, original: Any) -> Verdict:
-        config = SimpleNamespace(
-            cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE)
-        )
-        try:
-            spec = original(self.probe_layer(), config)
-            needs = spec is not None and fp8_ds_mla_spec(spec, CACHE_DTYPE, self.quant_mode) is not spec
-            width = runner_bytes_per_token(spec) if spec is not None else None
-        except Exception as exc:  # any drift in vLLM's internals: undecided
-            return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Verdict:
+    """Call vLLM's ``get_kv_cache_spec`` for a stand-in ``fp8_ds_mla`` layer."""
+    config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE))
+    mode = quant_mode()  # raises where vLLM lacks get_kv_quant_mode: the patch cannot apply
+    try:
+        spec = get_kv_cache_spec(layer, config)
         if spec is None:
             return Verdict(None, "probe inconclusive (vLLM returned no spec)")
-        if needs:
-            return Verdict(
-                True,
-                f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; "
-                f"shim gives {BYTES_PER_TOKEN})",
-            )
+        width = runner_bytes_per_token(spec)
+        fixed = fp8_ds_mla_spec(spec, CACHE_DTYPE, mode)
+    except Exception as exc:  # any drift in vLLM's internals: undecided
+        return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+    if fixed is spec:
         return Verdict(False, f"not needed (vLLM already returns {width} bytes/token)")
-
-    def correct(self, result: Any, layer: Any, vllm_config: Any) -> Any:
-        if result is None:
-            return result
-        dtype = self.layer_cache_dtype(layer)
-        # The first two ways out of fp8_ds_mla_spec, before any look-up: another
-        # layout, or a spec that carries this one already (every release's).
-        if dtype != CACHE_DTYPE and getattr(result, "cache_dtype_str", None) != CACHE_DTYPE:
-            return result
-        if holds_layout(result, self.quant_mode):
-            return result
-        # vLLM builds an equal, frozen spec for every layer of a kind: the first
-        # correction of each serves the rest (a dict look-up instead of a rebuild).
-        # Fields left out of ==, such as 0.33's is_draft, are part of the key.
-        try:
-            hidden = self._uncompared.get(type(result))
-            if hidden is None:
-                hidden = self._uncompared[type(result)] = uncompared_fields(result)
-            key = (result, dtype, *[getattr(result, f) for f in hidden]) if hidden else (result, dtype)
-            known = self._known.get(key, _UNKNOWN)
-        except TypeError:  # not a dataclass, or unhashable: corrected every time
-            return fp8_ds_mla_spec(result, dtype, self.quant_mode)
-        if known is _UNKNOWN:
-            known = fp8_ds_mla_spec(result, dtype, self.quant_mode)
-            if len(self._known) < self.KNOWN_LIMIT:
-                # A spec that is right is not kept: vLLM's own object is returned.
-                self._known[key] = None if known is result else known
-            return known
-        return result if known is None else known
-
-    def describe(self, before: Any, after: Any) -> str:
-        return (
-            f"{type(before).__name__}: kv_quant_mode {_mode(before)} -> "
-            f"{_mode(after)}, {runner_bytes_per_token(before)} -> "
-            f"{runner_bytes_per_token(after)} bytes/token, page "
-            f"{before.page_size_bytes} -> {after.page_size_bytes} bytes"
-        )
+    return Verdict(True, f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})")

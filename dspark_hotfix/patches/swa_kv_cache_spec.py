@@ -15,7 +15,7 @@ Upstream: vllm-project/vllm#47648 (the 2026-07-06 follow-up found that fixing
 only the attention spec still crashed); fixed by PR #47716; regression from
 PR #42890.
 
-Decision: at import, the real method is called with a stand-in ``fp8_ds_mla``
+Decision: at import, vLLM's method is called with a stand-in ``fp8_ds_mla``
 SWA layer; the patch is applied only if the spec it returns lacks the layout.
 Other layouts (``auto``, ``bfloat16``, ``nvfp4_ds_mla``) are never touched.
 
@@ -25,41 +25,50 @@ Removal: once the fleet runs a vLLM that carries PR #47716 (any release from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from dspark_hotfix.patches.base import Patch, Verdict
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
     PAGE_ALIGNMENT,
-    SpecPatch,
+    fp8_ds_mla_spec,
+    probe_spec,
+    quant_mode,
     uint8_dtype,
 )
 
 
-class SWAKVCacheSpec(SpecPatch):
-    name = "swa_kv_cache_spec"
-    module = "vllm.v1.attention.backends.mla.sparse_swa"
-    qualname = "DeepseekV4SWACache.get_kv_cache_spec"
-    summary = "DeepSeek-V4 sliding-window spec carries the fp8_ds_mla layout"
-
-    def layer_cache_dtype(self, layer: Any) -> str | None:
-        cache_config = getattr(layer, "cache_config", None)
-        return getattr(cache_config, "cache_dtype", None)
-
-    def probe_layer(self) -> Any:
-        return SimpleNamespace(
-            block_size=64,
-            head_dim=512,
-            window_size=128,
-            dtype=uint8_dtype(),
-            cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE),
-            # Read by vLLM >= 0.33 (packed layouts, DeepSeek-V4.1 replay).
-            bounded_replay=False,
-            packed_bytes_per_token=BYTES_PER_TOKEN,
-            packed_page_alignment=PAGE_ALIGNMENT,
-            packed_block_stride_alignment=None,
-        )
+def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, vllm_config: Any) -> Any:
+    """``DeepseekV4SWACache.get_kv_cache_spec``, patched."""
+    spec = vllm_get_kv_cache_spec(self, vllm_config)
+    return fp8_ds_mla_spec(spec, self.cache_config.cache_dtype, quant_mode())
 
 
-PATCH = SWAKVCacheSpec()
+def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Verdict:
+    layer = SimpleNamespace(
+        block_size=64,
+        head_dim=512,
+        window_size=128,
+        dtype=uint8_dtype(),
+        cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE),
+        # Read by vLLM >= 0.33 (packed layouts, DeepSeek-V4.1 replay).
+        bounded_replay=False,
+        packed_bytes_per_token=BYTES_PER_TOKEN,
+        packed_page_alignment=PAGE_ALIGNMENT,
+        packed_block_stride_alignment=None,
+    )
+    return probe_spec(vllm_get_kv_cache_spec, layer)
+
+
+PATCH = Patch(
+    name="swa_kv_cache_spec",
+    module="vllm.v1.attention.backends.mla.sparse_swa",
+    qualname="DeepseekV4SWACache.get_kv_cache_spec",
+    parameters=("self", "vllm_config"),
+    replacement=get_kv_cache_spec,
+    summary="DeepSeek-V4 sliding-window spec carries the fp8_ds_mla layout",
+    probe=probe,
+)

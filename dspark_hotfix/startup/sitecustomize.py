@@ -5,11 +5,27 @@ other), arranges for the patches to be applied when vLLM imports them, then
 runs the ``sitecustomize`` it shadows. ``DSPARK_HOTFIX=0`` turns it off.
 """
 
-try:
-    from dspark_hotfix import boot
-except Exception as exc:  # never break interpreter start
-    import sys
+import sys
 
-    sys.stderr.write(f"dspark_hotfix: not active: cannot import the package: {exc}\n")
+try:
+    try:
+        from dspark_hotfix import boot
+    except ImportError:
+        # A checkout: the package is two directories up. It is imported from
+        # there without leaving the checkout on sys.path (its tests/, bench/
+        # and scripts/ must not become importable in every process).
+        import os
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+        sys.path.insert(0, root)
+        try:
+            from dspark_hotfix import boot
+        finally:
+            sys.path.remove(root)
+except Exception as exc:  # never break interpreter start
+    sys.stderr.write(
+        f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
+        f"install it into this interpreter: {sys.executable} -m pip install dspark-hotfix\n"
+    )
 else:
     boot(__file__)

@@ -1,0 +1,93 @@
+"""The registry's own promises: one registry per process, patches that never
+import it, a status() that only reads, and a checkout that exposes nothing else."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+from tests.conftest import REPO, STANDIN, WRAP_DEPTH, json_lines, patch_names, run_python, summary_lines
+
+RACE = f"""
+import json, sys, threading, time
+import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils  # no sitecustomize: a late install()
+sys.path.append({str(REPO)!r})
+# Widen the window: activation reads its settings between deciding to build the
+# registry and having built it. (The module was called `hooks` before it was the registry.)
+try:
+    from dspark_hotfix import registry
+except ImportError:
+    from dspark_hotfix import hooks as registry
+read = registry.settings
+def slow():
+    time.sleep(0.1)
+    return read()
+registry.settings = slow
+import dspark_hotfix
+barrier = threading.Barrier(2)
+def install(source):  # vLLM's plugin loader and an application's own call, at once
+    barrier.wait()
+    dspark_hotfix.install(source=source)
+threads = [threading.Thread(target=install, args=(s,)) for s in ("vllm-plugin", "api")]
+for t in threads: t.start()
+for t in threads: t.join()
+status = registry.status()
+rows = status["patches"] if isinstance(status, dict) else status
+print(json.dumps({{r["name"]: r["state"] for r in rows}}))
+dspark_hotfix.uninstall()
+exec(WRAP_DEPTH)
+"""
+
+
+def test_two_activations_racing_build_one_registry_and_uninstall_restores_vllm():
+    proc = run_python(f"WRAP_DEPTH = {WRAP_DEPTH!r}\n" + RACE, path=(STANDIN,))
+    states, depth = json_lines(proc.stdout)
+    assert states == dict.fromkeys(patch_names(), "installed")  # not probed through a first registry's wrappers
+    assert len(summary_lines(proc.stderr)) == 1
+    assert depth == dict.fromkeys(patch_names(), 0)  # nothing left wrapped
+
+
+def test_no_patch_imports_the_registry():
+    # One direction of imports: start-up -> registry -> patches -> corrections.
+    for path in sorted((REPO / "dspark_hotfix" / "patches").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[:2] in (["dspark_hotfix", "registry"],
+                                                                 ["dspark_hotfix", "hooks"])], path
+
+
+def test_status_only_reads_whatever_happened_to_vllm_since():
+    code = """
+import json, dspark_hotfix
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+S.get_kv_cache_spec = S.get_kv_cache_spec.__wrapped__  # somebody else put vLLM's function back
+first = dspark_hotfix.status()
+print(json.dumps([first == dspark_hotfix.status(), [r["state"] for r in first["patches"]]]))
+"""
+    proc = run_python("import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n" + code)
+    same, states = json.loads(proc.stdout)
+    assert same and states == ["installed"] * len(patch_names())
+    assert len(proc.stderr.splitlines()) == 1  # the summary line; status() itself logs nothing
+
+
+def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
+    # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported
+    # from the checkout without putting it on sys.path, so tests/, bench/ and scripts/ stay out.
+    code = """
+import importlib, json, sys
+import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix
+found = {}
+for name in ("tests", "bench", "scripts"):
+    try:
+        importlib.import_module(name)
+        found[name] = True
+    except ImportError:
+        found[name] = False
+print(json.dumps([found, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}, sys.path]))
+"""
+    startup = REPO / "dspark_hotfix" / "startup"
+    found, states, path = json.loads(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
+    assert found == {"tests": False, "bench": False, "scripts": False}
+    assert states == dict.fromkeys(patch_names(), "installed")
+    assert str(REPO) not in path
