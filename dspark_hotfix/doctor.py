@@ -56,22 +56,18 @@ def switch_problems() -> list[str]:
     return problems + settings.problems + settings.selection(p.name for p in ALL)[1]
 
 
-def pythonpath_warnings(entries: list[str], ours: str | None) -> list[str]:
-    """Entries that put the working directory (or a path relative to it) on sys.path."""
+def pythonpath_warnings(entries: list[str], chains: str | None) -> list[str]:
+    """Entries that put the working directory (or a path relative to it) on sys.path,
+    and a sitecustomize from the working directory that ours would run."""
     warnings = []
-    for entry in entries:
-        if not entry:
-            warnings.append("PYTHONPATH has an empty entry: the working directory is on sys.path of every process; "
-                            "use `dspark-hotfix run` or ${PYTHONPATH:+:$PYTHONPATH}")
-        elif not os.path.isabs(entry):
-            warnings.append(f"PYTHONPATH entry {entry!r} is relative: what it means depends on the working directory")
-    if ours:
-        cwd = os.path.join(os.getcwd(), "sitecustomize.py")
-        if os.path.isfile(cwd) and os.path.dirname(cwd) != ours and any(
-            not e or (not os.path.isabs(e) and os.path.abspath(e) == os.getcwd()) for e in entries
-        ):
-            warnings.append(f"the sitecustomize that ours chains would be {cwd}, from the working directory")
-    return list(dict.fromkeys(warnings))
+    if "" in entries:
+        warnings.append("PYTHONPATH has an empty entry: the working directory is on sys.path of every process; "
+                        "use `dspark-hotfix run`, or ${PYTHONPATH:+:$PYTHONPATH} when extending it")
+    warnings += [f"PYTHONPATH entry {e!r} is relative: what it means depends on the working directory"
+                 for e in dict.fromkeys(entries) if e and not os.path.isabs(e)]
+    if chains and os.path.dirname(chains) == os.getcwd():
+        warnings.append(f"the sitecustomize that ours runs next is {chains}, from the working directory")
+    return warnings
 
 
 def _sitecustomize() -> dict[str, Any]:
@@ -86,7 +82,7 @@ def _sitecustomize() -> dict[str, Any]:
             if os.path.dirname(candidate) != here and os.path.isfile(candidate):
                 shadowed = candidate
                 break
-    return {"ours": ours, "file": file, "chains": shadowed, "dir": here}
+    return {"ours": ours, "file": file, "chains": shadowed}
 
 
 def _plugin() -> dict[str, Any]:
@@ -135,6 +131,7 @@ def diagnose() -> dict[str, Any]:
         "schema": registry.SCHEMA,
         "version": dspark_hotfix.__version__,
         "pid": os.getpid(),
+        "activated_by": None,
         "python": {
             "version": sys.version.split()[0],
             "executable": sys.executable,
@@ -148,7 +145,7 @@ def diagnose() -> dict[str, Any]:
         "versions": {"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt_version, "vllm": None},
         "switches": {"enabled": dspark_hotfix.enabled(), "strict": config.Settings().strict,
                      "patches": os.environ.get(config.PATCHES), "log": os.environ.get(config.LOG)},
-        "warnings": pythonpath_warnings(entries, site["dir"]),
+        "warnings": pythonpath_warnings(entries, site["chains"]),
         "problems": problems,
         "patches": [],
     }
@@ -166,6 +163,7 @@ def diagnose() -> dict[str, Any]:
             except Exception as exc:
                 problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
         report["patches"] = _judged_here(problems)
+        report["activated_by"] = registry.status()["activated_by"]
     needed = [row["name"] for row in report["patches"] if row["needed"] is not False and row["state"] != "excluded"]
     for row in report["patches"]:
         if row["state"] == registry.FAILED:

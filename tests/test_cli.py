@@ -1,0 +1,78 @@
+"""The operator contract of the command line: exit codes, one JSON object, help, doctor's warnings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, STANDIN, run_python
+
+CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
+STARTUP = REPO / "dspark_hotfix" / "startup"
+FIELDS = {"name", "target", "state", "needed", "corrections", "detail"}
+
+
+def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):
+    return run_python(f"import sys; sys.argv[1:] = {list(args)!r}\n" + CLI, path=path, check=False, **kwargs)
+
+
+def test_help_names_the_switches_and_the_exit_codes_in_plain_text():
+    out = cli("--help").stdout
+    for text in ("DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "DSPARK_HOTFIX_LOG", "exit status",
+                 "3  not needed on this vLLM"):
+        assert text in out
+    assert "``" not in out and ":func:" not in out
+
+
+def test_usage_errors_exit_2():
+    assert cli("frobnicate").returncode == 2
+    assert cli("run").returncode == 2
+
+
+def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
+    status = cli("status", "--import-targets", "--json")
+    doctor = cli("doctor", "--json")
+    assert (status.returncode, doctor.returncode) == (0, 0), status.stdout + doctor.stdout
+    s, d = json.loads(status.stdout), json.loads(doctor.stdout)
+    for report in (s, d):
+        assert report["schema"] == 1 and isinstance(report["pid"], int)
+        assert report["activated_by"] == "sitecustomize" and report["verdict"] == "ok"
+        assert all(set(row) == FIELDS for row in report["patches"])
+    assert [(r["name"], r["state"]) for r in s["patches"]] == [(r["name"], r["state"]) for r in d["patches"]]
+    assert all(key == key.lower() and " " not in key for key in d["python"])  # machine keys
+
+
+def test_status_import_targets_exits_1_when_a_patch_failed(tmp_path):
+    from tests.conftest import edited_standin
+
+    broken = edited_standin(tmp_path / "standin", {"vllm/v1/attention/backends/mla/sparse_swa.py": [
+        ("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]})
+    proc = cli("status", "--import-targets", "--json", path=(STARTUP, broken))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["verdict"] == "problem"
+    assert any(p.startswith("swa_kv_cache_spec: unexpected signature") for p in report["problems"])
+
+
+def test_status_import_targets_exits_1_without_vllm():
+    proc = cli("status", "--import-targets", path=(STARTUP,))
+    assert proc.returncode == 1 and "PROBLEM  cannot import vllm.models.deepseek_v4" in proc.stdout
+
+
+@pytest.mark.parametrize("env", [{"DSPARK_HOTFIX_STRICT": "very"}, {"DSPARK_HOTFIX": "disabled"},
+                                 {"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec,-swa_kv_cache_spec"}])
+def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
+    proc = cli("doctor", "--json", env=env)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["problems"], report
+    assert len(report["problems"]) == len(set(report["problems"]))  # each said once
+
+
+def test_doctor_warns_about_the_working_directory_on_the_path(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("")
+    proc = cli("doctor", "--json", path=(STARTUP, STANDIN, "", "relative/dir"), cwd=tmp_path)
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert proc.returncode == 0  # warnings do not change the verdict
+    assert any(w.startswith("PYTHONPATH has an empty entry") for w in warnings)
+    assert any("'relative/dir' is relative" in w for w in warnings)
+    assert any(w.endswith(f"{tmp_path / 'sitecustomize.py'}, from the working directory") for w in warnings)
