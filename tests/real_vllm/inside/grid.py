@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -56,6 +57,42 @@ def draft(num_hidden_layers: int = 43, num_draft_layers: int = 3) -> SimpleNames
         layers=[None] * num_draft_layers, confidence_head=None,
     )
     return SimpleNamespace(config=cfg, model=model)
+
+
+def fp8_specs() -> dict[str, object]:
+    """What vLLM's own spec methods answer for ``fp8_ds_mla`` layers (block 256):
+    ``attention``, the compressed cache (ratio 4), and ``swa``, the sliding-window cache."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+
+    cfg = config(256, "fp8_ds_mla")
+    return {
+        "attention": DeepseekV4Attention.get_kv_cache_spec(attention_layer(4, "fp8_ds_mla"), cfg),
+        "swa": DeepseekV4SWACache.get_kv_cache_spec(swa_layer(64, "fp8_ds_mla"), cfg),
+    }
+
+
+def runner_view(reshape: Any, kind: str, spec: Any, num_blocks: int = 4, layer: str = "layer") -> dict[str, object]:
+    """The KV view vLLM's V2 runner builds for ``spec`` (``kind``: ``attention`` or ``swa``).
+
+    ``reshape`` is ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``, called on
+    a CPU tensor of ``num_blocks`` pages, as the runner calls it at start-up.
+    """
+    from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLABackend
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
+
+    backend = {"attention": DeepseekV4FlashMLABackend, "swa": DeepseekSparseSWABackend}[kind]
+    group = SimpleNamespace(kv_cache_group_id=0, kv_cache_spec=spec, layer_names=[layer], backend=backend)
+    raw = torch.zeros(num_blocks * spec.page_size_bytes, dtype=torch.int8)
+    view = reshape(
+        attn_groups=[group], kv_cache_raw_tensors={layer: raw}, cache_dtype="fp8_ds_mla",
+        kernel_block_sizes=[spec.storage_block_size], shared_kv_cache_layers={},
+    )[layer]
+    return {
+        "shape": list(view.shape), "stride": list(view.stride()),
+        "dtype": str(view.dtype).removeprefix("torch."),
+        "page_bytes": spec.page_size_bytes, "bytes_per_token": view.shape[-1],
+    }
 
 
 def describe(spec: object) -> object:
