@@ -95,24 +95,27 @@ class VllmImportWatcher:
 
 
 def watch(source):
-    """Insert a watcher unless one is there already; True if one was inserted."""
-    for finder in sys.meta_path:
-        if type(finder).__name__ == "VllmImportWatcher" and getattr(finder, "source", None):
-            return False
-    sys.meta_path.insert(0, VllmImportWatcher(source))
-    return True
+    """Insert a watcher unless one (of any copy of this module) is there already."""
+    if not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
+        sys.meta_path.insert(0, VllmImportWatcher(source))
+
+
+def start(source):
+    """Activate the registry now if a target's package is imported already (by an
+    earlier sitecustomize, a .pth, or vLLM before its plugins), else watch for one."""
+    if enabled():
+        if triggered():
+            from dspark_hotfix import registry
+
+            registry.activate(source)
+        else:
+            watch(source)
 
 
 def boot(sitecustomize_file):
     """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
     try:
-        if enabled():
-            if triggered():  # imported by an earlier sitecustomize or .pth
-                from dspark_hotfix import registry
-
-                registry.activate("sitecustomize")
-            else:
-                watch("sitecustomize")
+        start("sitecustomize")
     except Exception as exc:
         sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
     chain(sitecustomize_file)

@@ -109,12 +109,7 @@ def logger() -> Any:
 def install(source: str = "api") -> None:
     """Arrange for every selected patch to be applied; idempotent. ``source`` names
     the activation path (``sitecustomize``, ``vllm-plugin``, ``api``)."""
-    if not dspark_hotfix.enabled():
-        return
-    if dspark_hotfix.triggered():
-        activate(source)
-    else:
-        dspark_hotfix.watch(source)
+    dspark_hotfix.start(source)
 
 
 def activate(source: str) -> None:
@@ -160,23 +155,18 @@ def _on_import(record: Record, module: Any) -> None:
     _summarize()
 
 
-def _claim(record: Record) -> bool:
-    """Let exactly one thread decide a patch, once."""
-    with _lock:
-        if record.claimed or _records.get(record.patch.name) is not record:  # decided, or uninstalled
-            return False
-        record.claimed = True
-        return True
-
-
 def _states() -> dict[str, tuple[str, bool | None]]:
     return {name: (r.state if r.decided else PENDING, r.needed) for name, r in _records.items()}
 
 
 def _decide(record: Record, module: Any) -> None:
     patch = record.patch
-    if (patch.guards and guard_verdict(patch, _states()) is None) or not _claim(record):
-        return  # a guard waits for the patches it guards; or another thread decides
+    if patch.guards and guard_verdict(patch, _states()) is None:
+        return  # decided once the patches it guards are
+    with _lock:  # one thread decides each patch, once; none after uninstall()
+        if record.claimed or _records.get(patch.name) is not record:
+            return
+        record.claimed = True
     try:
         verdict, target = judge(patch, module, _states())
         assert verdict is not None
@@ -301,8 +291,7 @@ def _after_vllm(record: Record, exc: Exception, result: Any) -> Any:
 
 
 def _remedy(patch: Patch) -> str:
-    return (f"this vLLM build differs from what {patch.name} expects; check `dspark-hotfix doctor`, "
-            f"or exclude it with {config.PATCHES}=-{patch.name}")
+    return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
 
 
 def _fail(record: Record, why: str) -> None:
