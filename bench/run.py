@@ -35,9 +35,9 @@ VLLM = "0.25.0"
 IMPORT = "import vllm.models.deepseek_v4.attention"
 SHIM_MODULES = ("sitecustomize", "dspark_hotfix")
 QUIET = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
-# startup/import: (rounds kept, warm-up rounds); the rest: runs.
-FULL = {"startup": (600, 30), "importtime": 60, "import": (20, 1), "wrapt_only": 3, "inside": 3}
-QUICK = {"startup": (100, 10), "importtime": 10, "import": (2, 1), "wrapt_only": 1, "inside": 1}
+# startup/import: (rounds kept, warm-up rounds); percall: timeit loops per arm and case; the rest: runs.
+FULL = {"startup": (600, 30), "importtime": 60, "import": (20, 1), "wrapt_only": 3, "inside": 3, "percall": 150}
+QUICK = {"startup": (100, 10), "importtime": 10, "import": (2, 1), "wrapt_only": 1, "inside": 1, "percall": 20}
 
 
 def environ(arm: str, *path: Path) -> dict[str, str]:
@@ -164,7 +164,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str]) -> None:
+def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
     rounds, warmup = plan["startup"]
     arms = {"A": environ("A"), "B": environ("B"), "C": environ("C")}
     probe = "import sys; print(json.dumps([m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))"
@@ -208,17 +208,15 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str])
         "are not in `sys.modules` of such a process.",
         "",
     ]
-    summary += [
-        f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= 1.05 | "
-        f"{noisy_verdict(wall_ratio, 1.05)} |",
-        f"| 4. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB | <= 1024 KiB | "
-        f"{verdict(rss_delta <= 1)} |",
-    ]
+    summary.append(f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= 1.05 | "
+                   f"{noisy_verdict(wall_ratio, 1.05)} |")
+    info.append(f"| 1. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB |")
 
 
-def bench_import(python: str, plan: dict, lines: list[str], summary: list[str]) -> None:
+def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
     rounds, warmup = plan["import"]
-    status = "import dspark_hotfix, json; print(json.dumps({r['name']: r['state'] for r in dspark_hotfix.status()}))"
+    status = ("import dspark_hotfix, json; "
+              "print(json.dumps({p['name']: p['state'] for p in dspark_hotfix.status()['patches']}))")
     checked = output([python, "-X", "importtime", "-c", f"{IMPORT}\n{status}"], environ("A"))
     states = last_json(checked.stdout)
     if {states.get("attention_kv_cache_spec"), states.get("swa_kv_cache_spec")} != {"not_needed"}:
@@ -274,9 +272,8 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str]) 
         "",
         "The run-to-run noise of a 10 s import on a shared 2-core machine (B alone spreads "
         f"{min(wall['B']):.2f} to {max(wall['B']):.2f} s; vLLM's import runs threads, CPU time exceeds wall time) is "
-        f"larger than the shim's share: {rounds} rounds cannot resolve 1 %, and the process-level rows read "
-        "\"within the noise\" whenever their point estimate lands above it. That share is therefore also timed "
-        "from inside (`bench/activation.py`, in B's process, median of "
+        f"larger than the shim's share: {rounds} rounds cannot resolve 1 %, so the ratios above are reported, "
+        "not judged. The target is on that share timed from inside (`bench/activation.py`, in B's process, median of "
         f"{len(inside)}): importing the registry and wrapt and running the probes took "
         f"{statistics.median(r['activation_s'] for r in inside) * 1e3:.1f} ms; the two meta-path finders "
         f"cost {inside[0]['find_spec_ns']['watcher']:.0f} ns (the shim's watcher) and "
@@ -296,23 +293,25 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str]) 
         row(f"A with wrapt {newest_version}", newest_a, ".1f"),
         "",
         f"Peak RSS, A - B of the medians: **{rss_delta * 1024:+.0f} KiB**, of which wrapt alone "
-        f"{wrapt_delta * 1024:+.0f} KiB (imported only to register the post-import hooks: on {VLLM} it wraps "
-        f"nothing). The venv has wrapt {installed}, what the Dockerfile installs where an image has none. "
+        f"{wrapt_delta * 1024:+.0f} KiB (imported only for its post-import hooks: the shim's wrappers are plain "
+        f"functions, and on {VLLM} it wraps nothing). The venv has wrapt {installed}, what the Dockerfile "
+        "installs where an image has none. "
         f"An image that already has wrapt keeps it: with wrapt {newest_version}, whose package import loads "
         f"more modules, A - B is {newest_delta * 1024:+.0f} KiB, which is why the Dockerfile does not install "
         "the newest.",
         "",
     ]
     summary += [
-        f"| 2. `{IMPORT}`, vLLM {VLLM}, A/B median wall | {spread(wall_ratio)} | <= 1.01 | "
-        f"{noisy_verdict(wall_ratio, 1.01)} |",
-        f"| 2. the same, A/B median CPU time | {spread(cpu_ratio)} | <= 1.01 | {noisy_verdict(cpu_ratio, 1.01)} |",
-        f"| 2. the same, the shim's work timed from inside, over B | {inside_ratio:.4f} | <= 1.01 | "
-        f"{verdict(inside_ratio <= 1.01)} |",
-        f"| 4. that import's peak RSS, A - B medians (wrapt {installed}) | {rss_delta * 1024:+.0f} KiB | "
+        f"| 2. `{IMPORT}`, vLLM {VLLM}: the shim's work timed from inside, over B's median wall | "
+        f"{inside_ratio:.4f} | <= 1.01 | {verdict(inside_ratio <= 1.01)} |",
+        f"| 2. that import's peak RSS, A - B medians (wrapt {installed}) | {rss_delta * 1024:+.0f} KiB | "
         f"<= 1024 KiB | {verdict(rss_delta <= 1)} |",
-        f"| 4. the same where the image brings wrapt {newest_version} (not what the Dockerfile installs) | "
-        f"{newest_delta * 1024:+.0f} KiB | <= 1024 KiB | {'met' if newest_delta <= 1 else 'over (see section 2)'} |",
+    ]
+    info += [
+        f"| 2. `{IMPORT}`, vLLM {VLLM}, A/B median wall | {spread(wall_ratio)} |",
+        f"| 2. the same, A/B median CPU time | {spread(cpu_ratio)} |",
+        f"| 2. that import's peak RSS, A - B medians, where the image brings wrapt {newest_version} (not what the "
+        f"Dockerfile installs) | {newest_delta * 1024:+.0f} KiB |",
     ]
 
 
@@ -324,72 +323,74 @@ def newest_wrapt(python: str, target: Path) -> str:
     return next(target.glob("wrapt-*.dist-info")).name[len("wrapt-"):-len(".dist-info")]
 
 
-def bench_calls(dev: str, real: str, lines: list[str], summary: list[str]) -> None:
-    script = str(REPO / "bench" / "percall.py")
+def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[str]) -> None:
+    script, repeats = str(REPO / "bench" / "percall.py"), str(plan["percall"])
     quiet = {"DSPARK_HOTFIX_LOG": "WARNING"}
-    standin = last_json(output([dev, script, "standin"], {**environ("A", STANDIN), **quiet}).stdout)
-    forced = last_json(output([real, script, "real"], {**environ("C"), **quiet}).stdout)
+    standin = last_json(output([dev, script, "standin", repeats], {**environ("A", STANDIN), **quiet}).stdout)
+    release = last_json(output([real, script, "real", repeats], {**environ("C"), **quiet}).stdout)
     lines += [
         "## 3. Per call: the wrapped functions against vLLM's own",
         "",
-        "Best of interleaved timeit loops per case, calling through the class as vLLM's call sites do "
-        "(`self.m(x)`), with the class attribute switched between the shim's wrapper and vLLM's function. "
-        "Stand-in build: wrapped by the shim's own hooks at import. vLLM "
-        f"{VLLM}: wrapped by `hooks._apply` with each probe forced to say \"needed\" (the shim leaves "
-        f"{VLLM} untouched; this is what a wrap would cost there).",
+        f"Best of {standin['repeats']} interleaved timeit loops per arm and case, calling through the class as "
+        "vLLM's call sites do (`self.m(x)`), with the class attribute switched between the shim's wrapper and "
+        "vLLM's function. Stand-in build (the reported defect): wrapped by the registry at import, its probes "
+        f"having found the defect. vLLM {VLLM}: the shim wraps nothing there (the release is right), so the "
+        "wrapper is built as the registry builds it, `registry._wrap` around vLLM's own function (found and "
+        "signature-checked by `registry.resolve`), and put on the class only while it is timed: what a wrap "
+        "would cost there. Reported as measured; no target.",
         "",
-        "| build | case | vLLM ns/call | wrapped ns/call | overhead ns/call | of which wrapt | 10^5 calls |",
+        "| build | case | vLLM ns/call | wrapped ns/call | overhead ns/call | of which a pass-through call | "
+        "10^5 calls |",
         "|---|---|---|---|---|---|---|",
     ]
     overhead: dict[tuple[str, str], float] = {}
-    for report in (standin, forced):
+    for report in (standin, release):
         build = f"{'stand-in' if report['build'] == 'standin' else 'vLLM'} {report['vllm']}"
         for r in report["rows"]:
             extra = overhead[report["build"], r["case"]] = r["wrapped_ns"] - r["original_ns"]
             lines.append(
                 f"| {build} | {r['case']} | {r['original_ns']:.0f} | {r['wrapped_ns']:.0f} | {extra:+.0f} | "
-                f"{r['wrapt_only_ns'] - r['original_ns']:+.0f} | {extra * 1e5 / 1e9 * 1e3:.1f} ms |"
+                f"{r['passthrough_ns'] - r['original_ns']:+.0f} | {extra * 1e5 / 1e9 * 1e3:.1f} ms |"
             )
-    lines += [
-        "",
-        "\"of which wrapt\": the same call through a `wrapt.FunctionWrapper` whose wrapper only passes the call "
-        "on (wrapt binds a new wrapper object on every attribute access). \"10^5 calls\": the added cost of 10^5 "
-        "calls of that case, a checkpoint of 10^5 names through the remap. Each spec function is called once per "
-        "layer, about 60 times per process.",
-        "",
-        "vLLM builds an equal (frozen) spec for every layer of a kind, so the shim corrects the first and hands "
-        "the same corrected spec to the rest; the rows above are those later layers. The first layer of each kind "
-        "pays the rebuild (`dataclasses.replace` and a check of the result), median of 300 first calls: "
-        + ", ".join(f"{r['case'].split(',')[0]} {r['first_call_extra_ns'] / 1e3:+.1f} µs"
-                    for r in standin["rows"] if r.get("first_call_extra_ns") is not None)
-        + ": once per kind of layer, a handful of times per process.",
-        "",
-    ]
 
     def worst(*cases: str, build: str = "") -> float:
         return max(v for (b, c), v in overhead.items() if c.startswith(cases) and b.startswith(build))
 
-    checks = [
+    rebuilt = worst("attention spec", "SWA spec", build="standin")
+    lines += [
+        "",
+        "\"of which a pass-through call\": the same call through a plain function that only passes it on, what "
+        "any wrapper costs; the shim's wrapper is a plain function too (wrapt serves only the post-import hooks, "
+        "never a call), and the rest of its overhead is the replacement: vLLM's function called through it, "
+        "then the correction. \"10^5 calls\": the added cost of 10^5 calls of that case, a checkpoint of 10^5 "
+        "names through the remap.",
+        "",
+        "The shim keeps nothing between calls: on the reported build every call of a spec function for an "
+        "`fp8_ds_mla` layer rebuilds the spec (`dataclasses.replace` and a check of the result), and the stand-in "
+        "rows marked \"rebuilt every call\" are that cost, paid on every call. Each spec function is called once "
+        f"per layer, about 60 times per process: at the slowest {rebuilt * 60 / 1e3:.0f} µs per process.",
+        "",
+    ]
+    measured = [
         (f"remap, layer name, vLLM {VLLM} (the common case)", worst("remap, layer name", build="real")),
         ("remap, name vLLM maps to None, worst build", worst("remap, name vLLM maps to None")),
         ("remap, head name, worst build", worst("remap, head name")),
         ("remap, the defect corrected (stand-in)", worst("remap, layer name", build="standin")),
         (f"spec functions, vLLM {VLLM} (right: passed through)", worst("attention spec", "SWA spec", build="real")),
-        ("spec functions, the defect corrected (stand-in; every layer after the first of its kind)",
-         worst("attention spec", "SWA spec", build="standin")),
+        ("spec functions, the defect corrected (stand-in; the spec rebuilt on every call)", rebuilt),
     ]
-    summary += [f"| 3. {label} | {ns:+.0f} ns | <= 1000 ns | {verdict(ns <= 1000)} |" for label, ns in checks]
-    slowest = max(ns for _, ns in checks[:4]) * 1e5 / 1e9
-    summary.append(f"| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) | {slowest:.3f} s "
-                   f"| < 0.1 s | {verdict(slowest < 0.1)} |")
+    info += [f"| 3. {label}, overhead per call | {ns:+.0f} ns |" for label, ns in measured]
+    info.append(f"| 3. spec functions, the defect corrected, about 60 calls (one process's layers) | "
+                f"{rebuilt * 60 / 1e3:+.0f} µs |")
+    slowest = max(ns for _, ns in measured[:4]) * 1e5 / 1e9
+    info.append(f"| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) | {slowest:.3f} s |")
     # A DeepSeek-V4-Flash checkpoint: 43 target layers and 3 draft (mtp) layers of about the same
     # names each. On the reported build the draft's layer names take the defect path; the target's
     # names are answered None by vLLM.
     draft = 3 / 46
     mix = (draft * worst("remap, layer name", build="standin")
            + (1 - draft) * worst("remap, name vLLM maps to None")) * 1e5 / 1e9
-    summary.append(f"| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) | {mix:.3f} s "
-                   f"| well under 0.1 s (<= 0.05 s) | {verdict(mix <= 0.05)} |")
+    info.append(f"| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) | {mix:.3f} s |")
 
 
 def main() -> int:
@@ -401,12 +402,13 @@ def main() -> int:
         compile_shim(python)
     lines: list[str] = []
     summary = ["| target | measured | limit | |", "|---|---|---|---|"]
+    info = ["| measured, no target | |", "|---|---|"]
     with tempfile.TemporaryDirectory(prefix="dspark-bench-") as empty:
         os.chdir(empty)  # no checkout on any child's path but PYTHONPATH's
         try:
-            bench_startup(dev, plan, lines, summary)
-            bench_import(real, plan, lines, summary)
-            bench_calls(dev, real, lines, summary)
+            bench_startup(dev, plan, lines, summary, info)
+            bench_import(real, plan, lines, summary, info)
+            bench_calls(dev, real, plan, lines, info)
         finally:
             os.chdir(REPO)
     dev_v, real_v = versions(dev), versions(real)
@@ -428,12 +430,17 @@ def main() -> int:
         "every process would recompile the shim). `python -v` confirms the start-up modules load from `.pyc`.",
         "- A = the command with the shim on `PYTHONPATH` and enabled; B = the same command without it. "
         "Peak RSS is `ru_maxrss` of each child from `os.wait4`.",
-        "- Verdicts: a ratio of process-level timings whose point estimate is over the limit but whose 90% "
-        "bootstrap interval reaches below it reads \"not resolved: within the noise\".",
+        "- Verdicts are given for the targets alone: a ratio of process-level timings whose point estimate is "
+        "over the limit but whose 90% bootstrap interval reaches below it reads \"not resolved: within the noise\". "
+        "Everything else is reported as measured.",
         "",
         "## Targets",
         "",
         *summary,
+        "",
+        "## Also measured",
+        "",
+        *info,
         "",
     ]
     text = "\n".join(head + lines)
