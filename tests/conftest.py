@@ -167,6 +167,21 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     return root
 
 
+# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap).
+FIXED = {
+    "vllm/v1/attention/backends/mla/sparse_swa.py": [
+        ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
+        ('model_version="deepseek_v4",',
+         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),')],
+    "vllm/models/deepseek_v4/attention.py": [
+        ("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
+        ('model_version="deepseek_v4",',
+         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype), alignment=576,')],
+    "vllm/models/deepseek_v4/nvidia/dspark.py": [
+        ("{self.config.num_hidden_layers + stage}", "{stage}")],
+}
+
+
 def listing(root: Path) -> dict[str, tuple[int, int]]:
     """Every entry under ``root`` with its size and modification time (ns)."""
     out = {}

@@ -15,6 +15,7 @@ import sysconfig
 import pytest
 
 from tests.conftest import (
+    FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
@@ -199,21 +200,6 @@ def test_start_up_loads_only_the_standard_library_and_the_package_module():
         assert path is None or path.startswith(stdlib) or path.startswith(ours), (name, path)
     assert not [n for n, p in added.items() if p and p.startswith(ours) and n not in (
         "sitecustomize", "dspark_hotfix")]
-
-
-# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap).
-FIXED = {
-    "vllm/v1/attention/backends/mla/sparse_swa.py": [
-        ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),')],
-    "vllm/models/deepseek_v4/attention.py": [
-        ("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype), alignment=576,')],
-    "vllm/models/deepseek_v4/nvidia/dspark.py": [
-        ("{self.config.num_hidden_layers + stage}", "{stage}")],
-}
 
 
 @pytest.fixture
