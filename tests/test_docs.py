@@ -1,0 +1,93 @@
+"""Every shell recipe in README.md and docs/OPERATORS.md that can run here, run.
+
+Each ```sh block runs in bash, twice (``PYTHONPATH`` unset, and set to another
+directory), in a fresh venv that stands for a serving image: the project's
+wheel installed (``pip install dspark-hotfix`` stands for it: the name is not
+on a registry this machine reaches), the stand-in build importable through a
+``.pth`` file, as an image's vLLM is, and a ``vllm`` command that imports the
+DeepSeek-V4 targets and prints what the shim did. A block that needs what this
+machine lacks starts with ``# needs: <what>, <where it is tested instead>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, STANDIN, clean_env
+
+DOCS = ("README.md", "docs/OPERATORS.md")
+BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+STUB = """#!{python}
+import json, sys
+import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
+import dspark_hotfix
+print("vllm-stub " + json.dumps({{"status": dspark_hotfix.status(), "sys_path": sys.path}}))
+"""
+
+
+def recipes() -> list[tuple[str, int, str]]:
+    return [(doc, n, block) for doc in DOCS for n, block in enumerate(BLOCK.findall((REPO / doc).read_text()))]
+
+
+@pytest.fixture(scope="session")
+def image(tmp_path_factory, wheel) -> dict:
+    root = tmp_path_factory.mktemp("image")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+    python = root / "venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "wrapt==1.17.3"],
+                   check=True)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "vllm-standin.pth").write_text(f"{STANDIN}\n")
+    vllm = root / "venv" / "bin" / "vllm"
+    vllm.write_text(STUB.format(python=python))
+    vllm.chmod(0o755)
+    checkout = root / "checkout"  # what `python -m pip wheel .` reads, without writing into this repository
+    checkout.mkdir()
+    for name in ("pyproject.toml", "setup.cfg", "README.md"):
+        shutil.copy(REPO / name, checkout / name)
+    shutil.copytree(REPO / "dspark_hotfix", checkout / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "other").mkdir()
+    return {"root": root, "bin": root / "venv" / "bin", "checkout": checkout, "other": root / "other"}
+
+
+@pytest.mark.parametrize("pythonpath", ["unset", "set"])
+@pytest.mark.parametrize(("doc", "n", "block"), [pytest.param(*r, id=f"{r[0]}-{r[1]}") for r in recipes()])
+def test_recipe_runs_and_patches_every_vllm_it_starts(image, wheel, doc, n, block, pythonpath):
+    first = block.splitlines()[0]
+    if first.startswith("# needs:"):
+        pytest.skip(f"{doc} block {n}: {first[2:]}")
+    if all(line.startswith("make ") for line in block.splitlines() if line.strip()):
+        pytest.skip(f"{doc} block {n}: the quick start; CI runs `make test` itself")
+    script = re.sub(r"(pip install[^\n]*?)\bdspark-hotfix\b", rf"\g<1>{wheel}", block)
+    env = clean_env(PATH=f"{image['bin']}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(image["bin"].parent))
+    if pythonpath == "set":
+        env["PYTHONPATH"] = str(image["other"])
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, cwd=image["checkout"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{doc} block {n}:\n{block}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    for line in proc.stdout.splitlines():
+        if line.startswith("vllm-stub "):
+            seen = json.loads(line[len("vllm-stub "):])
+            states = {row["state"] for row in seen["status"]["patches"]}
+            assert states == {"installed"}, f"{doc} block {n}: {seen['status']}"
+            assert "" not in seen["sys_path"] and str(image["checkout"]) not in seen["sys_path"], seen["sys_path"]
+
+
+def test_every_recipe_that_does_not_run_here_says_what_it_needs_and_where_it_is_tested():
+    skipped = [block.splitlines()[0] for _, _, block in recipes() if block.startswith("# needs:")]
+    assert all(", tested in " in line or ", see " in line for line in skipped), skipped
+    assert len(recipes()) - len(skipped) >= 4  # most recipes run here
+
+
+def test_docs_spell_states_as_the_output_does():
+    for doc in DOCS:
+        assert "`not needed`" not in (REPO / doc).read_text(), doc
