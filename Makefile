@@ -22,7 +22,7 @@ test: lint  ## everything CI runs: lint, types, unit, subprocess and real-vLLM t
 	$(PY) -m pytest
 
 unit: $(VENV)/.ready  ## the fast tiers only
-	$(PY) -m pytest -m "not real_vllm"
+	$(PY) -m pytest -m "not real_vllm and not oci and not ray"
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm
