@@ -18,7 +18,7 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence bench
 	$(PY) -m mypy
 
-test: lint  ## everything CI runs: lint, types, unit, subprocess and real-vLLM tiers
+test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray and real-vLLM tiers
 	$(PY) -m pytest
 
 unit: $(VENV)/.ready  ## the fast tiers only
