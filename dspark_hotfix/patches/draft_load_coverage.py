@@ -12,9 +12,11 @@ Decision: applied where ``remap_dspark_name`` is needed, after the draft's
 ``DefaultModelLoader`` does: ``None`` means the model does not track what it
 loaded, so there is nothing to check; otherwise a registered draft parameter
 missing from the set is a :class:`Finding`, except parameters shared with the
-target model (``embed_tokens``, ``lm_head``) and the quantization and KV-cache
-scales that vLLM's loader also exempts. The registry logs it as an error
-naming them (strict mode: the load stops). The result is never changed.
+target model (``embed_tokens``, ``lm_head``) and, as vLLM's
+``track_weights_loading`` exempts them, every parameter of a module whose
+quantization method fills it after loading (KV-cache and online-quantization
+scales). The registry logs it as an error naming them (strict mode: the load
+stops). The result is never changed.
 
 Removal: with ``remap_dspark_name``.
 """
@@ -27,14 +29,12 @@ from typing import Any
 from dspark_hotfix.patches.base import Finding, Patch
 
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
-# Created by quantization methods and filled after loading (or defaulted), not from every checkpoint.
-EXEMPT_SUFFIXES = ("_scale", "_scale_inv", ".scale", "_zero_point")
 
 
 def load_weights(vllm_load_weights: Callable[..., Any], /, self: Any, weights: Any) -> Any:
     """``DSparkDeepseekV4ForCausalLM.load_weights``, guarded."""
     loaded = vllm_load_weights(self, weights)
-    missing = unloaded_draft_parameters((name for name, _ in self.named_parameters()), loaded)
+    missing = unloaded_draft_parameters((name for name, _ in self.named_parameters()), loaded, filled_later(self))
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise Finding(f"{len(missing)} DSpark draft parameters were never loaded from the checkpoint: {shown}; "
@@ -42,17 +42,23 @@ def load_weights(vllm_load_weights: Callable[..., Any], /, self: Any, weights: A
     return loaded
 
 
-def unloaded_draft_parameters(registered: Any, loaded: Any) -> list[str]:
+def unloaded_draft_parameters(registered: Any, loaded: Any, exempt: Any = ()) -> list[str]:
     """Draft parameters the checkpoint never filled, in registration order; none if not tracked."""
     if loaded is None:
         return []
-    done = set(loaded)
-    return [
-        name for name in registered
-        if name not in done
-        and not any(part in SHARED_WITH_TARGET for part in name.split("."))
-        and not name.endswith(EXEMPT_SUFFIXES)
-    ]
+    done = set(loaded) | set(exempt)
+    return [name for name in registered
+            if name not in done and not any(part in SHARED_WITH_TARGET for part in name.split("."))]
+
+
+def filled_later(draft: Any) -> set[str]:
+    """Parameters of modules whose quantization method fills them after loading."""
+    exempt: set[str] = set()
+    for prefix, module in getattr(draft, "named_modules", lambda: ())():
+        method = getattr(module, "quant_method", None)
+        if getattr(method, "uses_meta_device", False) or getattr(method, "process_weights_after_loading", None):
+            exempt.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_parameters())
+    return exempt
 
 
 PATCH = Patch(
