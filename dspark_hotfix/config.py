@@ -27,19 +27,14 @@ def parse_strict(raw: str | None) -> tuple[bool, str | None]:
     """``DSPARK_HOTFIX_STRICT``: on only for a true word; anything else is off, and a
     value that is neither true nor false is complained about."""
     value = (raw or "").strip().lower()
-    if value in TRUE_WORDS:
-        return True, None
-    if not value or value in FALSE_WORDS:
-        return False, None
-    words = "/".join(TRUE_WORDS + FALSE_WORDS)
-    return False, f"{STRICT}={raw!r} is not one of {words}: strict mode is off"
+    if not value or value in TRUE_WORDS + FALSE_WORDS:
+        return value in TRUE_WORDS, None
+    return False, f"{STRICT}={raw!r} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: strict mode is off"
 
 
 def parse_level(raw: str | None) -> tuple[str, str | None]:
     """``DSPARK_HOTFIX_LOG``: a logging level name; INFO by default."""
-    value = (raw or "").strip().upper()
-    if not value:
-        return "INFO", None
+    value = (raw or "").strip().upper() or "INFO"
     if value in LEVELS:
         return value, None
     return "INFO", f"{LOG}={raw!r} is not a log level ({', '.join(LEVELS)}): using INFO"

@@ -146,7 +146,9 @@ def activate(source: str) -> None:
 
 def _on_import(record: Record, module: Any) -> None:
     if record.patch.guards:
-        record.module, record.detail = module, f"waiting for the verdicts of {', '.join(record.patch.guards)}"
+        record.module = module
+        if record.state == PENDING:
+            record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
     else:
         _decide(record, module)
     for guard in list(_records.values()):
