@@ -92,7 +92,7 @@ def _plugin() -> dict[str, Any]:
     return {"visible": visible, "allowed": allowed, "vllm_plugins": allow, "active": visible and allowed}
 
 
-def _judged_here(problems: list[str]) -> list[dict[str, Any]]:
+def _judged_here() -> list[dict[str, Any]]:
     """Each patch's row: the registry's record where it decided in this process,
     else the registry's decision functions called on vLLM's own functions."""
     rows = {row["name"]: row for row in registry.status()["patches"]}
@@ -162,7 +162,7 @@ def diagnose() -> dict[str, Any]:
                 importlib.import_module(module)
             except Exception as exc:
                 problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
-        report["patches"] = _judged_here(problems)
+        report["patches"] = _judged_here()
         report["activated_by"] = registry.status()["activated_by"]
     needed = [row["name"] for row in report["patches"] if row["needed"] is not False and row["state"] != "excluded"]
     for row in report["patches"]:
