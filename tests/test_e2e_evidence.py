@@ -1,0 +1,80 @@
+"""The H200 end-to-end evidence: the figures in docs/evidence/e2e-h200.json are what scripts/e2e-h200 computes."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    loader = importlib.machinery.SourceFileLoader("e2e_h200", str(ROOT / "scripts" / "e2e-h200"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def _engine(variant, rates, cache_files=10, counts=1339, ok=True):
+    return {
+        "variant": variant,
+        "cache_files_before": cache_files,
+        "ok": ok,
+        "timed": [{"output_tok_per_s": r} for r in rates],
+        "spec_metrics_timed": {"vllm:spec_decode_num_accepted_tokens": counts},
+        "sample_output_token_ids": [[1, 2, 3]],
+    }
+
+
+def test_the_ratio_takes_medians_of_warm_engines_and_says_whether_both_arms_did_the_same_work(e2e):
+    runs = [
+        _engine("fixed", [10.0], cache_files=0),  # compiled every kernel: left out
+        _engine("bug", [], ok=False),
+        _engine("baseline", [100.0, 1.0, 120.0]),
+        _engine("fixed", [90.0, 110.0]),
+    ]
+    ratio = e2e._ratio(runs)
+    assert ratio["rates"] == {"fixed": [90.0, 110.0], "baseline": [100.0, 1.0, 120.0]}
+    assert (ratio["median_fixed"], ratio["median_baseline"], ratio["fixed_over_baseline"]) == (100.0, 100.0, 1.0)
+    assert ratio["same_work"] is True
+    assert e2e._ratio([*runs, _engine("baseline", [100.0], counts=1338)])["same_work"] is False
+    assert "fixed_over_baseline" not in e2e._ratio(runs[:3])
+
+
+def test_the_committed_evidence_holds_the_ratio_its_own_runs_give(e2e):
+    data = json.loads((ROOT / "docs" / "evidence" / "e2e-h200.json").read_text())
+    runs = [run for session in data["sessions"] for run in session["runs"]]
+    assert data["ratio"] == e2e._ratio(runs)
+    assert data["ratio"]["same_work"] is True
+    bug = [run for run in runs if run["variant"] == "bug" and run.get("cache_files_before")]
+    assert any("RuntimeError: kv must have shape" in (run["root_cause"] or "") for run in bug)
+    fixed = [run for run in runs if run["variant"] == "fixed" and run.get("timed")]
+    assert fixed and all(any("3 patched" in line for line in run["shim_lines"]) for run in fixed)
+
+
+def test_the_jit_cache_comes_back_in_parts_and_fills_an_empty_cache(e2e, tmp_path, monkeypatch):
+    device = tmp_path / "device"
+    (device / "cache" / "triton" / "k").mkdir(parents=True)
+    payload = os.urandom(64 * 1024)
+    (device / "cache" / "triton" / "k" / "kernel.cubin").write_bytes(payload)
+    monkeypatch.setattr(e2e, "DEVICE_ROOT", device)
+    monkeypatch.setattr(e2e, "CACHE_PART", 4096)
+    monkeypatch.setattr(e2e, "CACHE_MAX_PARTS", 10**6)
+    out = tmp_path / "out"
+    out.mkdir()
+    exported = e2e._export_cache(out)
+    assert exported["parts"] > 1 and len(list(out.iterdir())) == exported["parts"]
+    (device / "cache-parts").mkdir()
+    for part in out.iterdir():
+        (device / "cache-parts" / part.name).write_bytes(part.read_bytes())
+    assert e2e._restore_cache() == {"parts": 0}  # the cache is not empty: left alone
+    shutil.rmtree(device / "cache")
+    assert e2e._restore_cache()["parts"] == exported["parts"]
+    assert (device / "cache" / "triton" / "k" / "kernel.cubin").read_bytes() == payload
