@@ -17,13 +17,20 @@ would break every process in the image.
 import os
 import sys
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["HotfixError", "__version__", "install", "status", "uninstall"]
 
 ENABLE = "DSPARK_HOTFIX"
 TRUE_WORDS = ("1", "true", "on", "yes")
 FALSE_WORDS = ("0", "false", "off", "no")
 _enabled = None
+chained = None  # what chain() imported at start-up: {"file": ...} or {"error": ...}; None: nothing shadowed
+
+
+def shown(raw, limit=60):
+    """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
+    text = repr(raw)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(raw)} characters)"
 
 
 def enabled():
@@ -40,7 +47,7 @@ def enabled():
         _enabled = raw is None or value in TRUE_WORDS
         if not _enabled and value not in FALSE_WORDS:
             sys.stderr.write(
-                f"dspark_hotfix: {ENABLE}={raw!r} is not one of {'/'.join(TRUE_WORDS)}: the hotfix is OFF "
+                f"dspark_hotfix: {ENABLE}={shown(raw)} is not one of {'/'.join(TRUE_WORDS)}: the hotfix is OFF "
                 f"in this process (say {'/'.join(FALSE_WORDS)} to turn it off without this warning)\n"
             )
     return _enabled
@@ -49,8 +56,7 @@ def enabled():
 # The packages whose first import activates the registry: the parents of the
 # patches' target modules (tests/test_activation.py checks that they agree).
 # Activating there, not at `import vllm`, keeps wrapt and the registry out of
-# processes that never load DeepSeek-V4 (or an MLA backend, or the V2 runner),
-# and loads them late, after most of vLLM, where they cost less memory.
+# processes that never load DeepSeek-V4 (or an MLA backend, or the V2 runner).
 TRIGGERS = frozenset((
     "vllm.models.deepseek_v4",
     "vllm.models.deepseek_v4.nvidia",
@@ -65,33 +71,85 @@ def triggered():
 
 
 class VllmImportWatcher:
-    """A meta-path finder that notices the first import of a TRIGGERS package.
+    """A meta-path finder that activates the registry when a TRIGGERS package loads.
 
-    It never finds a module itself; the packages' modules are imported after
-    them, through wrapt's finder, which is in place by then. It stays on
-    ``sys.meta_path`` once fired: removing a finder while the import system
-    iterates that list would skip the next finder. Two threads may both see it
-    unfired: ``registry.activate`` is idempotent under a lock.
+    Hazard: CPython calls ``find_spec`` with the global import lock held. Were
+    activation to run there, a thread importing wrapt (which activation
+    imports) would wait for that lock while activation waited for wrapt's module
+    lock: a hang for good. So ``find_spec`` only asks the finders after it for
+    the package's spec and hands it a loader that activates in ``exec_module``,
+    where the only lock held is the package's own module lock, which CPython's
+    deadlock detection covers. Nothing here imports a module or takes a lock.
+
+    It wraps every TRIGGERS import until an activation has completed, so a
+    second thread importing another TRIGGERS package waits for the first
+    thread's activation (in ``registry.activate``) instead of running ahead of
+    the hooks. It stays on ``sys.meta_path``: removing a finder while the
+    import system iterates that list would skip the next finder.
     """
 
-    __slots__ = ("fired", "source")
+    __slots__ = ("asking", "done", "source")
 
     def __init__(self, source):
-        self.fired = False
         self.source = source
+        self.done = False
+        self.asking = False  # the finders asked below may ask the meta path again (wrapt's does)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname in TRIGGERS and not self.fired:
-            self.fired = True
-            try:
-                from dspark_hotfix import registry
+        if fullname not in TRIGGERS or self.done or self.asking or self not in sys.meta_path:
+            return None
+        self.asking = True
+        try:
+            for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.asking = False
+        loader = spec.loader
+        if hasattr(loader, "exec_module") and hasattr(loader, "create_module"):
+            spec.loader = ActivatingLoader(loader, self)
+        return spec
 
-                registry.activate(self.source)
-            except Exception as exc:
-                if type(exc).__name__ == "HotfixError":  # strict mode: `import vllm` stops here
-                    raise
-                sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
-        return None
+    def activate(self):
+        try:
+            from dspark_hotfix import registry
+
+            registry.activate(self.source)
+            self.done = True
+        except Exception as exc:
+            if type(exc).__name__ == "HotfixError":  # strict mode: the import of vLLM stops here
+                raise
+            self.done = True
+            sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+
+
+class ActivatingLoader:
+    """The package's own loader, activating the registry before the package runs."""
+
+    __slots__ = ("loader", "watcher")
+
+    def __init__(self, loader, watcher):
+        self.loader, self.watcher = loader, watcher
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # The module keeps its real loader (pkgutil, importlib.resources and
+        # reload read it), as wrapt's chained loader does.
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.loader
+        if getattr(module.__spec__, "loader", None) is self:
+            module.__spec__.loader = self.loader
+        self.watcher.activate()
+        self.loader.exec_module(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
 
 
 def watch(source):
@@ -125,23 +183,27 @@ def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
-    Pythons ship their own. Our directory is taken off ``sys.path`` for the
-    import and put back where it was, keeping what the shadowed one changed
-    (images extend ``sys.path`` there); errors are reported the way ``site``
-    reports its own sitecustomize's, and start-up goes on.
+    Pythons ship their own. Every entry that is our directory (compared by real
+    path: a symlinked alias too) is taken off ``sys.path`` for the import and
+    put back where it was, keeping what the shadowed one changed (images extend
+    ``sys.path`` there); errors are reported the way ``site`` reports its own
+    sitecustomize's, start-up goes on, and ``chained`` records what happened.
     """
-    here = os.path.dirname(os.path.abspath(sitecustomize_file))
+    global chained
+    here = os.path.realpath(os.path.dirname(sitecustomize_file))
     ours = sys.modules.get("sitecustomize")
-    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.realpath(p or os.curdir) == here]
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
     sys.modules.pop("sitecustomize", None)
     try:
-        import sitecustomize  # noqa: F401  (the shadowed one, if any)
+        import sitecustomize  # (the shadowed one, if any)
+
+        chained = {"file": getattr(sitecustomize, "__file__", None)}
     except ImportError as exc:
         if exc.name != "sitecustomize":
-            _report(exc)
+            chained = _report(exc)
     except Exception as exc:
-        _report(exc)
+        chained = _report(exc)
     finally:
         for i, p in taken:
             sys.path.insert(i, p)
@@ -157,6 +219,7 @@ def _report(exc):
             "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n"
             f"{type(exc).__name__}: {exc}\n"
         )
+    return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def __getattr__(name):

@@ -34,32 +34,44 @@ def startup_dir() -> str:
 
 
 def safe_pythonpath(current: str | None) -> str:
-    """Our start-up directory first, then the absolute entries of ``current``:
-    an empty or relative entry would put the working directory on sys.path."""
+    """Our start-up directory first, then the absolute entries of ``current``: an
+    empty or relative entry would put the working directory on sys.path, and an
+    alias of ours (a symlink to it) would boot the shim twice."""
     ours = startup_dir()
-    kept = [e for e in (current or "").split(os.pathsep) if e and os.path.isabs(e) and e != ours]
+    kept = [e for e in (current or "").split(os.pathsep)
+            if e and os.path.isabs(e) and os.path.realpath(e) != os.path.realpath(ours)]
     return os.pathsep.join([ours, *dict.fromkeys(kept)])
 
 
-def interpreter_of(command: str) -> str | None:
-    """The Python that ``command`` will run: itself, or its script's ``#!`` line."""
-    path = shutil.which(command)
-    if path is None:
-        return None
+def interpreter_of(path: str, args: list[str]) -> list[str] | None:
+    """The Python that the program at ``path`` runs, with the interpreter options
+    it gets (from ``args`` for a ``python`` command, from the ``#!`` line for a
+    script): ``-I``, ``-E`` or ``-S`` there keep the shim out."""
     if os.path.basename(path).startswith("python"):
-        return path
-    try:
-        with open(path, "rb") as script:
-            first = script.readline(512).decode(errors="replace")
-    except OSError:
-        return None
-    if not first.startswith("#!") or "python" not in first:
-        return None
-    words = first[2:].split()
-    if os.path.basename(words[0]) == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
-        return shutil.which(words[0]) if words else None
-    return words[0]
+        words = [path, *args]
+    else:
+        try:
+            with open(path, "rb") as script:
+                first = script.readline(512).decode(errors="replace")
+        except OSError:
+            return None
+        if not first.startswith("#!") or "python" not in first:
+            return None
+        words = first[2:].split()
+        if os.path.basename(words[0]) == "env":  # env's own options (-S splits the rest) come first
+            rest = [w for w in words[1:]]
+            while rest and rest[0].startswith("-"):
+                rest = rest[1:]
+            found = shutil.which(rest[0]) if rest else None
+            if found is None:
+                return None
+            words = [found, *rest[1:]]
+    options = []
+    for word in words[1:]:  # the options before the script, -c or -m
+        if not word.startswith("-") or word in ("-", "-c", "-m") or word.startswith(("-c", "-m", "-W", "-X")):
+            break
+        options.append(word)
+    return [words[0], *options]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -67,65 +79,64 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("dspark-hotfix run: give the command to run, e.g. dspark-hotfix run -- vllm serve ...", file=sys.stderr)
         return 2
+    path = shutil.which(command[0])
+    if path is None:
+        print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
+        return 127
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
-    python = interpreter_of(command[0])
+    python = interpreter_of(path, command[1:])
     if python is None:
         checked = f"{command[0]} is not a Python program: nothing checked"
     else:
-        proc = subprocess.run([python, "-c", "import dspark_hotfix.registry, wrapt"], env=env,
-                              capture_output=True, text=True)
+        # Asked of the command's own interpreter with its own options: the shim is
+        # active there only if interpreter start imported it.
+        proc = subprocess.run([*python, "-c", STARTED], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"dspark-hotfix run: {python} (the interpreter of {command[0]}) cannot import the hotfix and wrapt "
-                  f"({why}); install them there: {python} -m pip install dspark-hotfix", file=sys.stderr)
+            print(f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
+                  f"{command[0]}): {why}; {install_hint(python[0])}", file=sys.stderr)
             return 1
-        checked = f"{python} imports it"
+        checked = f"{' '.join(python)} starts it"
     print(f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]} with PYTHONPATH={env['PYTHONPATH']} "
           f"({checked})", file=sys.stderr)
     try:
-        os.execvpe(command[0], command, env)
+        os.execve(path, command, env)
     except OSError as exc:
         print(f"dspark-hotfix run: cannot run {command[0]}: {exc}", file=sys.stderr)
-        return 1
-    return 1  # not reached
+        return 126
+    return 126  # not reached
+
+
+STARTED = """import sys
+if "dspark_hotfix" not in sys.modules:
+    sys.exit("interpreter start did not import dspark_hotfix (-I, -E or -S, or a sitecustomize before ours)")
+import dspark_hotfix.registry, wrapt
+"""
+
+
+def install_hint(python: str) -> str:
+    """How to install the shim into ``python``: from this checkout where it is one,
+    else from a wheel built in one (no index carries the project: never a bare name)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "setup.cfg")):
+        return f"install it there: {python} -m pip install {root}"
+    return (f"install it there from the wheel you built: {python} -m pip install "
+            f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import contextlib
-    import importlib
+    from dspark_hotfix import doctor
 
-    from dspark_hotfix import doctor, registry
-    from dspark_hotfix.patches import ALL
-
-    problems = doctor.switch_problems()
-    if args.import_targets:
-        registry.install(source="cli")
-        with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout
-            for module in dict.fromkeys(p.module for p in ALL):
-                try:
-                    importlib.import_module(module)
-                except Exception as exc:
-                    problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
-    report = registry.status()
-    report["problems"] = problems
-    for row in report["patches"]:
-        if row["state"] == registry.FAILED:
-            problems.append(f"{row['name']}: {row['detail']}")
-    if args.import_targets and not report["enabled"]:
-        problems.append(f"{registry.config.ENABLE}={os.environ.get(registry.config.ENABLE)!r} turns the shim off")
-    code = doctor.evaluate(report) if args.import_targets else doctor.PROBLEM if problems else doctor.OK
-    report.update(verdict=doctor.VERDICTS[code], exit_code=code)
+    report = doctor.verdict(doctor.report("status"))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         for row in report["patches"]:
             print(f"{row['name']:<24} {row['state']:<11} corrections={row['corrections']}  {row['detail']}")
-        print(f"activated by: {report['activated_by'] or 'nothing'} (pid {report['pid']}"
-              + (", this command's own process: the server logs its own summary line)" if not args.import_targets
-                 else ")"))
-        for problem in problems:
+        print(f"activated by: {report['activated_by'] or 'nothing'} (pid {report['pid']})")
+        for problem in report["problems"]:
             print(f"PROBLEM  {problem}")
-    return code
+    return int(report["exit_code"])
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -156,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("status", help="what the hotfix did in this process",
+    p = sub.add_parser("status", help="import vLLM's target modules here and show what the hotfix does to them",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object (schema 1)")
-    p.add_argument("--import-targets", action="store_true", help="install the hooks and import vLLM's targets first")
+    p.add_argument("--import-targets", action="store_true", help="what status always does now (kept for scripts)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("doctor", help="will the fix be active where it is needed? (see exit status)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

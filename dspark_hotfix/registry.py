@@ -5,17 +5,20 @@ is imported when vLLM imports the package of a patch's target. :func:`activate`
 registers one wrapt post-import hook per patch. A hook fires when vLLM imports
 the patch's module (at once if it is imported already), asks the patch's probe
 whether the running vLLM needs it, and only then puts ``patch.replacement`` in
-front of vLLM's function. A guard is decided by the patches it guards.
+front of vLLM's function. A guard is decided once, when the patches it guards
+are. Each record holds one state; :func:`status`, ``dspark-hotfix status`` and
+``doctor``, and the summary line all read those states and nothing else.
 
-The failure policy lives here and only here:
+The failure policy is :func:`_fail`, and only it:
 
 - a patch that cannot be applied (target missing, signature changed, wrapt
-  missing) is reported (``status()``, one warning) and vLLM runs unpatched;
+  missing, a probe that raised) is reported (``status()``, one warning) and vLLM
+  runs unpatched;
 - a correction that raises gives back vLLM's own answer, with one warning;
 - a guard's finding is logged as an error (``draft_load_coverage``), except
   ``kv_view_guard``'s, which stops vLLM with an error naming the layers and the
-  patch that did not apply: the views it found are ones FlashMLA rejects at the
-  first decode, so vLLM would stop anyway, with a less useful message;
+  patches behind them: FlashMLA rejects those views at the first decode, so vLLM
+  would stop anyway, with a less useful message;
 - with ``DSPARK_HOTFIX_STRICT=1`` each of these raises :class:`HotfixError`.
 
 Limits, stated rather than handled: ``importlib.reload`` of a target module
@@ -27,6 +30,8 @@ functions it wrapped, not copies that other modules took by name.
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import os
 import sys
 import threading
@@ -35,14 +40,14 @@ from typing import Any
 
 import dspark_hotfix
 from dspark_hotfix import config
-from dspark_hotfix.patches import ALL, Finding, Patch, Verdict
+from dspark_hotfix.patches import ALL, Finding, Patch
 
-PENDING = "pending"  # the target module is not imported yet (or a guard waits for its patches)
+PENDING = "pending"  # not decided yet: its module is not imported (a guard: or its patches are undecided)
 INSTALLED = "installed"  # vLLM's function is wrapped
 NOT_NEEDED = "not_needed"  # the running vLLM is already right: left untouched
-EXCLUDED = "excluded"  # switched off by DSPARK_HOTFIX_PATCHES; still probed, to warn if needed
+EXCLUDED = "excluded"  # judged, never applied: DSPARK_HOTFIX_PATCHES leaves it off
 FAILED = "failed"  # the target was imported but the patch could not be applied
-DISABLED = "disabled"  # the shim is off, or not installed in this process
+DISABLED = "disabled"  # the shim is off (judged, never applied, where doctor or status activate), or not installed
 
 SCHEMA = 1
 STOPS = frozenset({"kv_view_guard"})  # findings vLLM would not survive anyway
@@ -57,53 +62,50 @@ class Unavailable(Exception):
 
 
 class Record:
-    """One patch in this process."""
+    """One patch in this process: its state and what the state rests on."""
 
-    def __init__(self, patch: Patch, state: str, detail: str) -> None:
-        self.patch, self.state, self.detail = patch, state, detail
-        self.needed: bool | None = None
+    __slots__ = ("corrections", "detail", "module", "needed", "patch", "state", "undo")
+
+    def __init__(self, patch: Patch) -> None:
+        self.patch, self.state, self.detail = patch, PENDING, f"waiting for {patch.module}"
+        self.needed: bool | None = None  # after the decision: None when it could not be judged
         self.corrections = 0
-        self.claimed = False  # a thread is deciding it, or has decided it
-        self.decided = False
-        self.module: Any = None  # a guard's module, once imported: decided when its patches are
-        self.owner: Any = None
-        self.original: Any = None
-        self.wrapper: Any = None
-        self.warned = False
+        self.module: Any = None  # a guard's module, once imported
+        self.undo: tuple[Any, str, Any, Any] | None = None  # owner, name, vLLM's function, the wrapper
 
 
-# Guards claims and the building of the records; never held while vLLM code
-# runs: hooks run under the import lock of their module, and a probe that
-# waited for a module another thread is hooking would deadlock.
-_lock = threading.RLock()
-_records: dict[str, Record] = {}
-_activated_by: str | None = None
-_summarized = False
-_settings: config.Settings | None = None
+class Activation:
+    """One activation of the registry in this process."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.enabled = dspark_hotfix.enabled()
+        self.settings = config.Settings(p.name for p in ALL)
+        self.records = {p.name: Record(p) for p in ALL}
+        self.thread = threading.get_ident()
+        self.done = threading.Event()  # every hook is registered (or activation gave up)
+        self.summarized = False
+        self.warned: set[str] = set()
 
 
-def settings() -> config.Settings:
-    global _settings
-    if _settings is None:
-        _settings = config.Settings()
-    return _settings
+# Guards `_active` and every state change. Never held while wrapt, vLLM's code
+# or an import runs: hooks run under their module's import lock, and a thread
+# holding this lock while waiting for that module would hang both.
+_lock = threading.Lock()
+_active: Activation | None = None
+_log = logging.getLogger("dspark_hotfix")
 
 
-def logger() -> Any:
-    """The ``dspark_hotfix`` logger, in vLLM's format, with a handler of its own so
-    that vLLM's logging configuration neither swallows nor doubles its lines."""
-    import logging
+def _after_fork_in_child() -> None:
+    """A child forked while another thread activated gets a fresh lock and, for an
+    activation left half-built, none at all: its own install() starts again."""
+    global _lock, _active
+    _lock = threading.Lock()
+    if _active is not None and not _active.done.is_set():
+        _active = None
 
-    log = logging.getLogger("dspark_hotfix")
-    with _lock:
-        if not log.handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
-                                                   "%m-%d %H:%M:%S"))
-            log.addHandler(handler)
-            log.propagate = False
-            log.setLevel(settings().level)
-    return log
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def install(source: str = "api") -> None:
@@ -113,107 +115,157 @@ def install(source: str = "api") -> None:
 
 
 def activate(source: str) -> None:
-    """Register the post-import hooks now: the targets' packages are being imported."""
-    global _activated_by
-    if not dspark_hotfix.enabled():
-        return
+    """Register the post-import hooks. Whole or not started: a second caller waits
+    until the first has registered every hook. With ``DSPARK_HOTFIX`` off (only
+    ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
+    global _active
     with _lock:
-        if _records:  # another thread, or the other activation path, got here first
-            return
-        selected, problems = settings().selection(p.name for p in ALL)
-        for p in ALL:
-            on = p.name in selected
-            _records[p.name] = Record(p, PENDING if on else EXCLUDED,
-                                      f"waiting for {p.module}" if on else f"excluded by {config.PATCHES}")
-        _activated_by = source
-        records = list(_records.values())
-    for problem in settings().problems + problems:
-        logger().warning(problem)
-    try:
-        import wrapt
-    except Exception as exc:  # absent, or broken in this environment
-        why = f"wrapt is not importable ({type(exc).__name__}: {exc})"
-        for record in records:
-            record.state, record.detail, record.claimed, record.decided = FAILED, why, True, True
-        remedy = f"install wrapt ({config.WRAPT_RANGE}) where vLLM runs, or set {config.ENABLE}=0"
-        if settings().strict:
-            raise HotfixError(f"{why}; {remedy}") from exc
-        logger().warning("not active: %s; %s. vLLM runs unpatched.", why, remedy)
+        activation, mine = _active, _active is None
+        if mine:
+            activation = _active = Activation(source)
+    assert activation is not None
+    if not mine:
+        if activation.thread != threading.get_ident():  # the same thread: a hook of this very activation
+            activation.done.wait()
         return
-    for record in records:
-        wrapt.register_post_import_hook(functools.partial(_on_import, record), record.patch.module)
-
-
-def _on_import(record: Record, module: Any) -> None:
-    if record.patch.guards:
-        record.module = module
-        if record.state == PENDING:
-            record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
-    else:
-        _decide(record, module)
-    for guard in list(_records.values()):
-        if guard.patch.guards and guard.module is not None:
-            _decide(guard, guard.module)
-    _summarize()
-
-
-def _states() -> dict[str, tuple[str, bool | None]]:
-    return {name: (r.state if r.decided else PENDING, r.needed) for name, r in _records.items()}
-
-
-def _decide(record: Record, module: Any) -> None:
-    patch = record.patch
-    if patch.guards and guard_verdict(patch, _states()) is None:
-        return  # decided once the patches it guards are
-    with _lock:  # one thread decides each patch, once; none after uninstall()
-        if record.claimed or _records.get(patch.name) is not record:
-            return
-        record.claimed = True
     try:
-        verdict, target = judge(patch, module, _states())
-        assert verdict is not None
-        record.needed = verdict.needed
-        if record.state == EXCLUDED:
-            record.detail = f"excluded by {config.PATCHES}; {verdict.detail}"
-        elif verdict.needed is False:
-            record.state, record.detail = NOT_NEEDED, verdict.detail
-        else:
-            owner, name, original = target
-            record.wrapper = _wrap(record, original)
-            record.owner, record.original = owner, original
-            setattr(owner, name, record.wrapper)
-            record.state, record.detail = INSTALLED, verdict.detail
-        logger().debug("%s: %s: %s", patch.name, record.state, record.detail)
-    except Unavailable as exc:
-        if record.state == EXCLUDED:
-            record.detail = f"excluded by {config.PATCHES}; {exc}"
-        else:
-            _fail(record, str(exc))
-    except HotfixError:
-        raise
-    except Exception as exc:  # a probe is written never to raise; belt and braces
-        _fail(record, f"{type(exc).__name__}: {exc}")
+        if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging neither swallows nor doubles it
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                                   "%m-%d %H:%M:%S"))
+            _log.addHandler(handler)
+            _log.propagate = False
+        _log.setLevel(activation.settings.level)
+        for problem in activation.settings.problems if activation.enabled else ():
+            _log.warning("%s", problem)
+        try:
+            import wrapt
+        except Exception as exc:  # absent, or broken in this environment
+            why = f"wrapt is not importable ({type(exc).__name__}: {exc})"
+            for record in activation.records.values():
+                _settle(activation, record, None, why, failed=True)
+            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, "
+                                    f"or set {config.ENABLE}=0. vLLM runs unpatched.", cause=exc)
+            return
+        for record in activation.records.values():
+            wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
     finally:
-        record.decided = True
+        activation.done.set()
 
 
-def judge(patch: Patch, module: Any, states: dict[str, tuple[str, bool | None]]) -> tuple[Verdict | None, Any]:
-    """The registry's decision on ``patch`` for the imported ``module``: its verdict
-    (None: a guard whose patches are undecided) and its target (owner, name, function).
-    Raises :class:`Unavailable`. Used by the hooks and by ``doctor``."""
-    if patch.guards:
-        verdict = guard_verdict(patch, states)
-        # A guard of patches that are not needed never looks at vLLM.
-        return verdict, resolve(patch, module) if verdict is not None and verdict.needed is not False else None
-    target = resolve(patch, module)
-    assert patch.probe is not None
-    return patch.probe(target[2]), target
+def _on_import(activation: Activation, record: Record, module: Any) -> None:
+    if _active is not activation:  # a hook left registered by an activation that uninstall() ended
+        return
+    try:
+        if record.patch.guards:
+            with _lock:
+                record.module = module
+                if record.state == PENDING:
+                    record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
+        else:
+            _decide(activation, record, module)
+        for guard in activation.records.values():
+            if guard.patch.guards and guard.module is not None and guard.state == PENDING:
+                _decide(activation, guard, guard.module)
+        _summarize(activation)
+    except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
+        _refuse(module.__name__, str(exc))
+        raise
+
+
+def _decide(activation: Activation, record: Record, module: Any) -> None:
+    """Judge ``record``'s patch on ``module``, then settle its one state."""
+    patch, target = record.patch, None
+    try:
+        if patch.guards:
+            guarded = [activation.records[name] for name in patch.guards]
+            if any(r.state == PENDING for r in guarded):
+                return  # decided once the patches it guards are
+            on = [r.patch.name for r in guarded if r.needed is not False]
+            needed: bool | None = bool(on)
+            why = f"needed (guards {', '.join(on)})" if on else f"not needed (guards {', '.join(patch.guards)}, " \
+                                                                 "none needed here)"
+            if on:  # a guard of patches that are not needed never looks at vLLM
+                target = resolve(patch, module)
+        else:
+            target = resolve(patch, module)
+            assert patch.probe is not None
+            needed, why = patch.probe(target[2])
+    except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
+        needed, why, failed = None, str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}", True
+    else:
+        failed = False
+    state = _settle(activation, record, needed, why, target, failed)
+    if state == FAILED:
+        _fail(activation, patch, f"cannot patch {patch.target}: {why}; vLLM runs unpatched ({_remedy(patch)})")
+
+
+def _remedy(patch: Patch) -> str:
+    return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
+
+
+def _settle(activation: Activation, record: Record, needed: bool | None, why: str,
+            target: tuple[Any, str, Any] | None = None, failed: bool = False) -> str | None:
+    """Record the one decision on ``record``: exactly once, and never after uninstall()."""
+    patch = record.patch
+    with _lock:
+        if _active is not activation or record.state != PENDING:
+            return None
+        if not activation.enabled:
+            state, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
+        elif patch.name not in activation.settings.selected:
+            state, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
+        elif failed:
+            state = FAILED
+        elif needed is False:
+            state = NOT_NEEDED
+        else:
+            assert target is not None
+            owner, name, original = target
+            wrapper = _wrap(activation, record, original)
+            setattr(owner, name, wrapper)
+            state, record.undo = INSTALLED, (owner, name, original, wrapper)
+        record.state, record.needed, record.detail = state, needed, why
+    _log.debug("%s: %s: %s", patch.name, state, why)
+    return state
+
+
+def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
+          level: int = logging.WARNING, cause: BaseException | None = None) -> None:
+    """The one failure policy: say it and let vLLM run; in strict mode, or for a
+    finding vLLM would not survive, stop it with the same words."""
+    text = f"{patch.name}: {message}" if patch is not None else message
+    if stop or activation.settings.strict:
+        raise HotfixError(text) from cause
+    _log.log(level, "%s", text)
+
+
+class _Refusal:
+    """In strict mode a failed patch aborts its module's import, and wrapt drops the
+    hook that fired: without this finder a retried import would load the module
+    unpatched, silently. Under the import lock it only reads a dict."""
+
+    __slots__ = ("errors",)
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname in self.errors:
+            raise HotfixError(self.errors[fullname])
+
+
+_refusal = _Refusal()
+
+
+def _refuse(module: str, error: str) -> None:
+    _refusal.errors.setdefault(module, error)
+    if _refusal not in sys.meta_path:
+        sys.meta_path.insert(0, _refusal)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     """The owner, attribute name and plain function ``patch`` targets in ``module``."""
-    import inspect
-
     owner_name, dot, name = patch.qualname.rpartition(".")
     owner: Any = getattr(module, owner_name, None) if dot else module
     if dot and not isinstance(owner, type):
@@ -230,150 +282,109 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     return owner, name, function
 
 
-def guard_verdict(guard: Patch, states: dict[str, tuple[str, bool | None]]) -> Verdict | None:
-    """A guard is needed where a patch it guards is needed, or could not be judged
-    (failed, probe inconclusive); None while one of them is undecided."""
-    guarded = [(name, *states[name]) for name in guard.guards if name in states]
-    if any(state == PENDING for _, state, _ in guarded):
-        return None
-    on = [name for name, state, needed in guarded if state == FAILED or (state != DISABLED and needed is not False)]
-    if on:
-        return Verdict(True, f"needed (guards {', '.join(on)})")
-    return Verdict(False, f"not needed (guards {', '.join(guard.guards)}, none needed here)")
-
-
-def _wrap(record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
     """vLLM's function with the patch's replacement in front of it."""
-    replacement = record.patch.replacement
+    patch = record.patch
+    replacement = patch.replacement
 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
-        returned: list[Any] = []
+        answers: list[Any] = []
 
         def vllm(*a: Any, **kw: Any) -> Any:
-            returned.append(original(*a, **kw))
-            return returned[0]
+            answers.append(record)  # marks the call: vLLM's own error passes through as it is
+            answers[0] = original(*a, **kw)
+            return answers[0]
 
         try:
             result = replacement(vllm, *args, **kwargs)
         except Exception as exc:
-            if not returned:  # raised by vLLM's own function: its error, as it is
+            if answers and answers[0] is record:
                 raise
-            return _after_vllm(record, exc, returned[0])
-        if result is not returned[0]:
+            answer = answers[0] if answers else original(*args, **kwargs)
+            if isinstance(exc, Finding):
+                guarded = "; ".join(f"{r.patch.name} {r.state} ({r.detail})" for r in
+                                    (activation.records[name] for name in patch.guards))
+                _fail(activation, patch, f"{exc}. {guarded}; see `dspark-hotfix doctor`", stop=patch.name in STOPS,
+                      level=logging.ERROR)
+            elif patch.name not in activation.warned or activation.settings.strict:
+                activation.warned.add(patch.name)
+                what = "check" if patch.guards else "correction"
+                record.detail += f"; {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
+                _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
+                                         f"result is returned ({_remedy(patch)})", cause=exc)
+            return answer
+        if not answers or result is not answers[0]:
             record.corrections += 1
             if record.corrections == 1:
-                logger().debug("%s: first correction: %s -> %s", record.patch.name, returned[0], result)
+                _log.debug("%s: first correction: %s -> %s", patch.name, answers[0] if answers else "-", result)
         return result
 
     return patched
 
 
-def _after_vllm(record: Record, exc: Exception, result: Any) -> Any:
-    """A problem raised once vLLM's function had answered: decide what it means."""
-    patch = record.patch
-    if isinstance(exc, Finding):
-        why = f"{patch.name}: {exc}. " + "; ".join(
-            f"{name} {_records[name].state} ({_records[name].detail})" for name in patch.guards if name in _records
-        )
-        if patch.name in STOPS or settings().strict:
-            raise HotfixError(f"{why}; see `dspark-hotfix doctor`, or run a vLLM with PR #47716 (>= 0.25.0)") \
-                from None
-        logger().error("%s", why)
-        return result
-    why = f"correction raised {type(exc).__name__}: {exc}"
-    if settings().strict:
-        raise HotfixError(f"{patch.name}: {why} in {patch.target}; vLLM's own result was not changed "
-                          f"({_remedy(patch)})") from exc
-    if not record.warned:
-        record.warned = True
-        record.detail = f"{record.detail}; {why} (vLLM's own result returned)"
-        logger().warning("%s: %s; vLLM's own result is returned", patch.name, why)
-    return result
-
-
-def _remedy(patch: Patch) -> str:
-    return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
-
-
-def _fail(record: Record, why: str) -> None:
-    patch = record.patch
-    record.state, record.detail = FAILED, why
-    if settings().strict:
-        raise HotfixError(f"{patch.name}: cannot patch {patch.target}: {why} ({_remedy(patch)})")
-    logger().warning("%s: not applied to %s: %s; vLLM runs unpatched (%s)", patch.name, patch.target, why,
-                     _remedy(patch))
-
-
-def _summarize() -> None:
-    """One INFO line per process, once every patch (not guard) is decided."""
-    global _summarized
-    records = list(_records.values())
+def _summarize(activation: Activation) -> None:
+    """One INFO line per process, once every patch is decided, and every guard whose module is imported: the
+    records' states."""
     with _lock:
-        if _summarized or not all(r.decided for r in records if not r.patch.guards):
-            return
-        _summarized = True
-    states = _states()
-    left_off = [r.patch.name for r in records if r.state == EXCLUDED and _needed(r, states)]
+        records = list(activation.records.values())
+        if activation.summarized or _active is not activation or not activation.enabled or any(
+                r.state == PENDING and not (r.patch.guards and r.patch.module not in sys.modules) for r in records):
+            return  # a guard whose module is imported has its hook still to run
+        activation.summarized = True
+    left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
     if left_off:
-        logger().warning("%s leaves off what this vLLM needs: %s", config.PATCHES, ", ".join(left_off))
-    head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {_activated_by}"
-    patches = [r for r in records if not r.patch.guards]
-    if all(r.state == NOT_NEEDED for r in patches):
-        logger().info("%s: not needed on this vLLM (fixed upstream), removable", head)
+        _log.warning("%s leaves off what this vLLM needs: %s", config.PATCHES, ", ".join(left_off))
+    head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}"
+    if all(r.needed is False for r in records if not r.patch.guards):  # the guards follow their patches
+        _log.info("%s: not needed on this vLLM (fixed upstream), removable", head)
         return
-    counts = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed"}
-    parts = []
-    for state, word in counts.items():
-        names = [r.patch.name for r in patches if r.state == state]
-        if names:
-            parts.append(f"{len(names)} {word}" + (f" ({', '.join(names)})" if state in (EXCLUDED, FAILED) else ""))
-    guards = [r for r in records if r.patch.guards and r.state != EXCLUDED]
-    on = sum(1 for r in guards if _needed(r, states))
-    logger().info("%s: %s, %d guards on", head, ", ".join(parts), on)
-
-
-def _needed(record: Record, states: dict[str, tuple[str, bool | None]]) -> bool | None:
-    verdict = guard_verdict(record.patch, states) if record.patch.guards else record
-    return verdict.needed if verdict is not None else None
+    words = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed", PENDING: "pending"}
+    counts = {s: [r.patch.name + (f" until {r.patch.module} is imported" if s == PENDING else "") for r in records
+                  if r.state == s] for s in words}
+    _log.info("%s: %s", head, ", ".join(f"{len(names)} {words[s]}" + (f" ({', '.join(names)})" if s not in (
+        INSTALLED, NOT_NEEDED) else "") for s, names in counts.items() if names))
 
 
 def uninstall() -> dict[str, Any]:
     """Put vLLM's original functions back and stop watching imports."""
-    global _records, _activated_by, _summarized
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, dspark_hotfix.VllmImportWatcher)]
+    global _active
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportWatcher"]
     with _lock:
-        records, _records = _records, {}
-        _activated_by, _summarized = None, False
-    for record in records.values():
-        name = record.patch.qualname.rpartition(".")[2]
-        if record.state == INSTALLED and vars(record.owner).get(name) is record.wrapper:
-            setattr(record.owner, name, record.original)
+        activation, _active = _active, None
+        for record in activation.records.values() if activation is not None else ():
+            if record.undo is not None:
+                owner, name, original, wrapper = record.undo
+                if vars(owner).get(name) is wrapper:
+                    setattr(owner, name, original)
     return status()
 
 
 def status() -> dict[str, Any]:
-    """What the shim did in this process; reads state, changes nothing."""
-    watcher = next((f for f in sys.meta_path if isinstance(f, dspark_hotfix.VllmImportWatcher)), None)
-    records = list(_records.values())
-    if not records:
+    """What the shim did in this process; reads the records' states, changes nothing."""
+    activation = _active
+    watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
+    if activation is not None:
+        rows = [(r.patch, r.state, r.needed, r.corrections, r.detail) for r in activation.records.values()]
+    else:
         if not dspark_hotfix.enabled():
-            state, detail = DISABLED, f"{config.ENABLE}={os.environ.get(config.ENABLE)!r} turns the shim off"
+            state, detail = DISABLED, f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} " \
+                                      "turns the shim off"
         elif watcher is not None:
             state, detail = PENDING, "waiting for vLLM to import the DeepSeek-V4 modules"
         else:
             state, detail = DISABLED, "not installed in this process"
-        records = [Record(p, state, detail) for p in ALL]
+        rows = [(p, state, None, 0, detail) for p in ALL]
     return {
         "schema": SCHEMA,
         "version": dspark_hotfix.__version__,
         "pid": os.getpid(),
-        "activated_by": _activated_by or getattr(watcher, "source", None),
+        "activated_by": activation.source if activation is not None else getattr(watcher, "source", None),
         "enabled": dspark_hotfix.enabled(),
-        "strict": settings().strict,
+        "strict": (activation.settings if activation is not None else config.Settings(p.name for p in ALL)).strict,
         "patches": [
-            {"name": r.patch.name, "target": r.patch.target, "state": r.state, "needed": r.needed,
-             "corrections": r.corrections, "detail": r.detail}
-            for r in records
+            {"name": p.name, "target": p.target, "state": state, "needed": needed, "corrections": corrections,
+             "detail": detail}
+            for p, state, needed, corrections, detail in rows
         ],
     }

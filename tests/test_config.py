@@ -37,45 +37,68 @@ def test_any_other_value_turns_the_shim_off_with_one_warning_whatever_the_log_le
     assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and "OFF" in lines[0]
 
 
+def settings(**environ: str) -> config.Settings:
+    return config.Settings(NAMES, environ)
+
+
 def test_strict_is_off_by_default_and_on_for_true_words_only():
-    assert config.Settings({}).strict is False
-    assert config.Settings({"DSPARK_HOTFIX_STRICT": "Yes"}).strict is True
-    s = config.Settings({"DSPARK_HOTFIX_STRICT": "very"})
-    assert s.strict is False and "DSPARK_HOTFIX_STRICT='very'" in s.problems[0]
+    assert settings().strict is False
+    assert settings(DSPARK_HOTFIX_STRICT="Yes").strict is True
+    s = settings(DSPARK_HOTFIX_STRICT="very")
+    assert s.strict is False and s.problems == [
+        "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is off"]
 
 
 def test_log_level_names_and_malformed_level():
-    assert config.Settings({"DSPARK_HOTFIX_LOG": "debug"}).level == "DEBUG"
-    s = config.Settings({"DSPARK_HOTFIX_LOG": "loud"})
+    assert settings(DSPARK_HOTFIX_LOG="debug").level == "DEBUG"
+    s = settings(DSPARK_HOTFIX_LOG="loud")
     assert s.level == "INFO" and "DSPARK_HOTFIX_LOG='loud'" in s.problems[0]
 
 
 def test_selection_of_names_is_case_insensitive():
     assert config.parse_selection("SWA_KV_CACHE_SPEC, Remap_DSpark_Name", NAMES) == (
-        frozenset({"swa_kv_cache_spec", "remap_dspark_name"}), [])
+        frozenset({"swa_kv_cache_spec", "remap_dspark_name"}), None)
 
 
 def test_selection_by_exclusion_keeps_the_rest():
-    selected, problems = config.parse_selection("-remap_dspark_name", NAMES)
-    assert selected == frozenset(NAMES) - {"remap_dspark_name"} and problems == []
+    assert config.parse_selection("-remap_dspark_name", NAMES) == (frozenset(NAMES) - {"remap_dspark_name"}, None)
 
 
-def test_a_name_both_selected_and_excluded_is_excluded_and_said_so():
-    selected, problems = config.parse_selection("swa_kv_cache_spec,-swa_kv_cache_spec", NAMES)
+def test_a_name_both_selected_and_excluded_is_excluded_and_said_once():
+    selected, problem = config.parse_selection("swa_kv_cache_spec,-swa_kv_cache_spec,-swa_kv_cache_spec", NAMES)
     assert selected == frozenset()
-    assert len(problems) == 1 and "both selects and excludes 'swa_kv_cache_spec'" in problems[0]
+    assert problem == "DSPARK_HOTFIX_PATCHES: swa_kv_cache_spec both selected and excluded: excluded"
 
 
 def test_selection_with_unknown_name_warns_and_ignores_it():
-    selected, problems = config.parse_selection("swa_kv_cache_spec,bogus", NAMES)
+    selected, problem = config.parse_selection("swa_kv_cache_spec,bogus", NAMES)
     assert selected == {"swa_kv_cache_spec"}
-    assert len(problems) == 1 and "'bogus'" in problems[0]
+    assert problem is not None and "1 unknown name ignored ('bogus'; known: " in problem
 
 
 def test_selection_of_only_unknown_names_keeps_every_patch_on():
-    selected, problems = config.parse_selection("bogus", NAMES)
-    assert selected == frozenset(NAMES) and len(problems) == 1
+    selected, problem = config.parse_selection("bogus", NAMES)
+    assert selected == frozenset(NAMES) and problem is not None
 
 
 def test_empty_selection_means_all():
-    assert config.parse_selection(" , ", NAMES) == (frozenset(NAMES), [])
+    assert config.parse_selection(" , ", NAMES) == (frozenset(NAMES), None)
+
+
+def test_thousands_of_unknown_names_give_one_short_warning():
+    raw = ",".join(f"name{i}" for i in range(2000)) + ",kv-view-guard,-kv-view-guard"
+    selected, problem = config.parse_selection(raw, NAMES)
+    assert selected == frozenset(NAMES) and problem is not None
+    assert problem.startswith("DSPARK_HOTFIX_PATCHES: 2001 unknown names ignored ('name0', 'name1', 'name2', ...;")
+    assert len(problem) < 300
+
+
+def test_switches_warn_once_each_with_values_cut_short():
+    s = settings(DSPARK_HOTFIX="x" * 120_000, DSPARK_HOTFIX_LOG="y" * 5000, DSPARK_HOTFIX_PATCHES="z" * 5000)
+    assert len(s.problems) == 3 and all(len(p) < 400 for p in s.problems)
+    assert "(120000 characters)" in s.problems[0]
+
+
+def test_a_huge_switch_value_is_cut_at_interpreter_start():
+    proc = run_python(ENABLED, env={"DSPARK_HOTFIX": "x" * 120_000})
+    assert proc.stdout.strip() == "False" and len(proc.stderr) < 400 and "(120000 characters)" in proc.stderr

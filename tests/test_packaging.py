@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_hotfix import __version__
 from tests.conftest import STANDIN, STATUS, clean_env, last_json, summary_lines
 
 TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
@@ -128,7 +129,7 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     assert proc.returncode == 0, proc.stdout
     assert (report["schema"], report["verdict"], report["exit_code"]) == (1, "ok", 0)
     assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
-    assert report["sitecustomize"]["chains"].startswith(str(venv["purelib"]))
+    assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
     assert {p["name"]: p["needed"] for p in report["patches"]} == {
         "remap_dspark_name": True, "attention_kv_cache_spec": True,
         "swa_kv_cache_spec": True, "draft_load_coverage": True, "kv_view_guard": True,
@@ -185,7 +186,7 @@ def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_m
     proc = run(venv, args=("dspark-hotfix", "run", "--", str(bare / "bin" / "python"), "-c", "print('ran')"))
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
-    assert f"{bare / 'bin' / 'python'} -m pip install dspark-hotfix" in proc.stderr
+    assert f"{bare / 'bin' / 'python'} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
 
 
 @pytest.fixture

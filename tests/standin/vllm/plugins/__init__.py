@@ -3,8 +3,9 @@ the ``VLLM_PLUGINS`` allow-list, and exceptions that propagate into vLLM."""
 
 from __future__ import annotations
 
-import os
 from importlib.metadata import entry_points
+
+from vllm import envs
 
 _loaded = False
 
@@ -14,8 +15,7 @@ def load_general_plugins() -> None:
     if _loaded:
         return
     _loaded = True
-    allowed = os.environ.get("VLLM_PLUGINS")
-    names = None if allowed is None else {n.strip() for n in allowed.split(",")}
+    names = envs.VLLM_PLUGINS  # as vLLM reads it: entries keep their spaces
     for point in entry_points(group="vllm.general_plugins"):
         if names is None or point.name in names:
             point.load()()
