@@ -64,7 +64,7 @@ def wrapped_and_original(build: str, name: str) -> tuple[Any, Any]:
 
     patch = patch_named(name)
     _, _, original = registry.resolve(patch, importlib.import_module(patch.module))
-    return registry._wrap(registry.Record(patch, registry.INSTALLED, "benchmark"), original), original
+    return registry._wrap(registry.Activation("benchmark"), registry.Record(patch), original), original
 
 
 def instance_of(name: str, fields: SimpleNamespace) -> object:

@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,10 +167,19 @@ def cpu_model() -> str:
 
 def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
     rounds, warmup = plan["startup"]
-    arms = {"A": environ("A"), "B": environ("B"), "C": environ("C")}
+    # N: A from a copy of the shim without bytecode that may not write any (a read-only volume, or
+    # PYTHONDONTWRITEBYTECODE=1 on a checkout): its two modules are compiled at every start.
+    bare = Path(tempfile.mkdtemp(prefix="dspark-hotfix-nopyc-"))
+    shutil.copytree(REPO / "dspark_hotfix", bare / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", bare / "sitecustomize.py")
+    no_bytecode = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
+    no_bytecode.update(PYTHONPATH=str(bare), PYTHONDONTWRITEBYTECODE="1")
+    arms = {"A": environ("A"), "B": environ("B"), "C": environ("C"), "N": no_bytecode}
     probe = "import sys; print(json.dumps([m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))"
     seen = {arm: last_json(output([python, "-c", "import json; " + probe], env).stdout) for arm, env in arms.items()}
-    if seen != {"A": [True, False], "B": [False, False], "C": [True, False]}:
+    if list((bare / "dspark_hotfix").rglob("*.pyc")):
+        raise SystemExit("arm N wrote bytecode")
+    if seen != {"A": [True, False], "B": [False, False], "C": [True, False], "N": [True, False]}:
         raise SystemExit(f"start-up arms are not what they claim: {seen}")
     runs = interleaved({arm: ([python, "-c", "pass"], env) for arm, env in arms.items()}, rounds, warmup)
     wall, rss = column(runs, 0, 1e3), column(runs, 2)
@@ -181,14 +191,18 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "## 1. Interpreter start of a process that never imports vLLM",
         "",
         f"`{python} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds. A: `PYTHONPATH=<repo>`; "
-        "B: no `PYTHONPATH`; C: `PYTHONPATH=<repo> DSPARK_HOTFIX=0` (an operator's B arm, for reference).",
+        "B: no `PYTHONPATH`; C: `PYTHONPATH=<repo> DSPARK_HOTFIX=0` (an operator's B arm, for reference); "
+        "N: A from a copy of the shim without bytecode, under `PYTHONDONTWRITEBYTECODE=1` (a read-only volume or "
+        "checkout: the two start-up modules are compiled at every start).",
         "",
         "| arm | min ms | median ms | max ms | runs |",
         "|---|---|---|---|---|",
         *(row(arm, wall[arm], ".2f") for arm in arms),
         "",
         f"A/B of the medians {describe(wall_ratio, 3)}; C/B {ratio(wall['C'], wall['B'])[0]:.3f}: nearly all of "
-        "the cost is loading the two small modules, not what they do.",
+        "the cost is loading the two small modules, not what they do. Without bytecode, N/B "
+        f"{ratio(wall['N'], wall['B'])[0]:.3f}: install the wheel with pip (it compiles at install), and compile a "
+        "volume once (`python -m compileall`, as docs/OPERATORS.md's recipe does) with the image's Python.",
         "",
         "| arm | min peak RSS MiB | median | max | runs |",
         "|---|---|---|---|---|",
@@ -211,6 +225,9 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
     summary.append(f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= 1.05 | "
                    f"{noisy_verdict(wall_ratio, 1.05)} |")
     info.append(f"| 1. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB |")
+    info.append(f"| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B median wall | "
+                f"{ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f} ms against "
+                f"{statistics.median(wall['B']):.2f} ms) |")
 
 
 def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
