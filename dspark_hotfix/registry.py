@@ -349,7 +349,8 @@ def _summarize(activation: Activation) -> None:
 def uninstall() -> dict[str, Any]:
     """Put vLLM's original functions back and stop watching imports."""
     global _active
-    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportWatcher"]
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportWatcher" and f is not _refusal]
+    _refusal.errors.clear()
     with _lock:
         activation, _active = _active, None
         for record in activation.records.values() if activation is not None else ():
