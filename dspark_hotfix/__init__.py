@@ -183,17 +183,18 @@ def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
-    Pythons ship their own. Every entry that is our directory (compared by real
-    path: a symlinked alias too) is taken off ``sys.path`` for the import and
+    Pythons ship their own. Every entry whose ``sitecustomize.py`` is ours
+    (compared by real path: a symlinked directory, or a checkout root's link to
+    our file, too) is taken off ``sys.path`` for the import and
     put back where it was, keeping what the shadowed one changed (images extend
     ``sys.path`` there); errors are reported the way ``site`` reports its own
     sitecustomize's, start-up goes on, and ``chained`` records what happened.
     """
     global chained
-    here = os.path.realpath(os.path.dirname(sitecustomize_file))
+    here = os.path.realpath(sitecustomize_file)
     ours = sys.modules.get("sitecustomize")
-    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.realpath(p or os.curdir) == here]
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.realpath(os.path.join(p, "sitecustomize.py")) == here]
+    sys.path[:] = [p for i, p in enumerate(sys.path) if (i, p) not in taken]
     sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # (the shadowed one, if any)

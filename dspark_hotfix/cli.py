@@ -35,11 +35,12 @@ def startup_dir() -> str:
 
 def safe_pythonpath(current: str | None) -> str:
     """Our start-up directory first, then the absolute entries of ``current``: an
-    empty or relative entry would put the working directory on sys.path, and an
-    alias of ours (a symlink to it) would boot the shim twice."""
+    empty or relative entry would put the working directory on sys.path, and one
+    whose sitecustomize.py is ours (a link to it) would boot the shim twice."""
     ours = startup_dir()
+    mine = os.path.realpath(os.path.join(ours, "sitecustomize.py"))
     kept = [e for e in (current or "").split(os.pathsep)
-            if e and os.path.isabs(e) and os.path.realpath(e) != os.path.realpath(ours)]
+            if e and os.path.isabs(e) and os.path.realpath(os.path.join(e, "sitecustomize.py")) != mine]
     return os.pathsep.join([ours, *dict.fromkeys(kept)])
 
 

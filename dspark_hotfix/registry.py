@@ -98,10 +98,14 @@ _log = logging.getLogger("dspark_hotfix")
 
 def _after_fork_in_child() -> None:
     """A child forked while another thread activated gets a fresh lock and, for an
-    activation left half-built, none at all: its own install() starts again."""
+    activation left half-built, none at all (what it had wrapped put back, so that
+    no probe looks at vLLM through a wrapper): its own install() starts again."""
     global _lock, _active
     _lock = threading.Lock()
     if _active is not None and not _active.done.is_set():
+        for record in _active.records.values():
+            if record.undo is not None and vars(record.undo[0]).get(record.undo[1]) is record.undo[3]:
+                setattr(record.undo[0], record.undo[1], record.undo[2])
         _active = None
 
 
