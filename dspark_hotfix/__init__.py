@@ -58,6 +58,7 @@ def enabled():
 # Activating there, not at `import vllm`, keeps wrapt and the registry out of
 # processes that never load DeepSeek-V4 (or an MLA backend, or the V2 runner).
 TRIGGERS = frozenset((
+    "vllm.v1.core",
     "vllm.models.deepseek_v4",
     "vllm.models.deepseek_v4.nvidia",
     "vllm.v1.attention.backends.mla",

@@ -50,7 +50,7 @@ FAILED = "failed"  # the target was imported but the patch could not be applied
 DISABLED = "disabled"  # the shim is off (judged, never applied, where doctor or status activate), or not installed
 
 SCHEMA = 1
-STOPS = frozenset({"kv_view_guard"})  # findings vLLM would not survive anyway
+STOPS = frozenset({"kv_view_guard", "kv_cache_groups"})  # findings vLLM would not survive anyway
 
 
 class HotfixError(RuntimeError):
@@ -59,6 +59,10 @@ class HotfixError(RuntimeError):
 
 class Unavailable(Exception):
     """The running vLLM lacks the target, or its parameters are not the expected ones."""
+
+
+class Absent(Unavailable):
+    """The running vLLM has no such class or function."""
 
 
 class Record:
@@ -183,9 +187,11 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     try:
         if patch.guards:
             guarded = [activation.records[name] for name in patch.guards]
-            if any(r.state == PENDING for r in guarded):
-                return  # decided once the patches it guards are
-            on = [r.patch.name for r in guarded if r.needed is not False]
+            if any(r.state == PENDING and (not r.patch.absent or r.patch.module in sys.modules) for r in guarded):
+                return  # decided once the patches it guards are; one whose module this process may never import
+                # (kv_cache_groups in a tensor-parallel worker) counts as needed while it waits
+            on = [r.patch.name + (" (not judged yet)" if r.state == PENDING else "") for r in guarded
+                  if r.needed is not False]
             needed: bool | None = bool(on)
             why = f"needed (guards {', '.join(on)})" if on else f"not needed (guards {', '.join(patch.guards)}, " \
                                                                  "none needed here)"
@@ -195,6 +201,9 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
             target = resolve(patch, module)
             assert patch.probe is not None
             needed, why = patch.probe(target[2])
+    except Absent as exc:
+        needed, why, failed = (False, f"not needed ({exc}: {patch.absent})", False) if patch.absent else \
+            (None, str(exc), True)
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, why, failed = None, str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}", True
     else:
@@ -273,10 +282,10 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     owner_name, dot, name = patch.qualname.rpartition(".")
     owner: Any = getattr(module, owner_name, None) if dot else module
     if dot and not isinstance(owner, type):
-        raise Unavailable(f"{module.__name__} has no class {owner_name}")
+        raise Absent(f"{module.__name__} has no class {owner_name}")
     function = vars(owner).get(name)
     if function is None:
-        raise Unavailable(f"{owner.__name__} defines no {name}")
+        raise Absent(f"{owner.__name__} defines no {name}")
     if not inspect.isfunction(function):  # a staticmethod or another tool's proxy binds differently
         raise Unavailable(f"{patch.qualname} is a {type(function).__name__}, not a plain function")
     parameters = tuple(inspect.signature(function).parameters)
@@ -305,11 +314,10 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
         except Exception as exc:
             if answers and answers[0] is record:
                 raise
-            answer = answers[0] if answers else original(*args, **kwargs)
             if isinstance(exc, Finding):
-                guarded = "; ".join(f"{r.patch.name} {r.state} ({r.detail})" for r in
-                                    (activation.records[name] for name in patch.guards))
-                _fail(activation, patch, f"{exc}. {guarded}; see `dspark-hotfix doctor`", stop=patch.name in STOPS,
+                guarded = "".join(f"; {r.patch.name} {r.state} ({r.detail})" for r in
+                                  (activation.records[name] for name in patch.guards))
+                _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=patch.name in STOPS,
                       level=logging.ERROR)
             elif patch.name not in activation.warned or activation.settings.strict:
                 activation.warned.add(patch.name)
@@ -317,7 +325,7 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
                 record.detail += f"; {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
                 _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
                                          f"result is returned ({_remedy(patch)})", cause=exc)
-            return answer
+            return answers[0] if answers else original(*args, **kwargs)
         if not answers or result is not answers[0]:
             record.corrections += 1
             if record.corrections == 1:
@@ -333,8 +341,9 @@ def _summarize(activation: Activation) -> None:
     with _lock:
         records = list(activation.records.values())
         if activation.summarized or _active is not activation or not activation.enabled or any(
-                r.state == PENDING and not (r.patch.guards and r.patch.module not in sys.modules) for r in records):
-            return  # a guard whose module is imported has its hook still to run
+                r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
+            for r in records):
+            return  # a record whose module is imported has its hook still to run
         activation.summarized = True
     left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
     if left_off:

@@ -92,8 +92,10 @@ def wheel(tmp_path_factory) -> Path:
 
 # Helpers of the attack suite (test_properties, test_faults, test_processes, test_hostile, test_safety).
 
-# Imports every patch's target module (an import line each, for run_python code).
-IMPORT_ALL = "".join(f"import {m}\n" for m in sorted({p.module for p in ALL}))
+# Imports every patch's target module (an import line each, for run_python code), in the order of
+# vLLM's engine core: KV-cache grouping (the scheduler's), then the V2 runner, then the model.
+FIRST = ("vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils")
+IMPORT_ALL = "".join(f"import {m}\n" for m in dict.fromkeys((*FIRST, *sorted({p.module for p in ALL}))))
 
 WRAP_DEPTH = """
 import json as _json, sys as _sys, types as _types
@@ -167,8 +169,12 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     return root
 
 
-# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap).
+# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap), and a
+# hybrid-off grouping that keeps the layout (as vLLM 0.28.0's does).
 FIXED = {
+    "vllm/v1/core/kv_cache_utils.py": [
+        ("compress_ratio=spec.compress_ratio,",
+         "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")],
     "vllm/v1/attention/backends/mla/sparse_swa.py": [
         ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
         ('model_version="deepseek_v4",',

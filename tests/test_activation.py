@@ -9,20 +9,21 @@ import pytest
 from dspark_hotfix import __version__
 from tests.conftest import REPO, STANDIN, STATUS, last_json, log_lines, run_python, summary_lines, warning_lines
 
-TARGETS = "import vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"  # the runner first, as in vLLM
+# vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-PATCHES = (
-    "remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "draft_load_coverage", "kv_view_guard",
-)
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
+           "draft_load_coverage", "kv_view_guard")
 IS_ORIGINAL = """
 import json, types
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
 import vllm.v1.worker.gpu.attn_utils as U
+import vllm.v1.core.kv_cache_utils as K
 print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
-      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (D, 'load_weights'),
-       (U, '_reshape_kv_cache'))]))
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (K, 'get_kv_cache_groups'),
+       (D, 'load_weights'), (U, '_reshape_kv_cache'))]))
 """
 
 
@@ -35,7 +36,7 @@ def test_pythonpath_activation_patches_every_target_on_import():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INFO ")
     (summary,) = summary_lines(proc.stderr)
-    assert summary == f"dspark_hotfix {__version__} (pid {rows['kv_view_guard']['pid']}) via sitecustomize: 5 patched"
+    assert summary == f"dspark_hotfix {__version__} (pid {rows['kv_view_guard']['pid']}) via sitecustomize: 6 patched"
 
 
 def test_warmup_crashes_without_the_shim_and_runs_with_it():
@@ -57,7 +58,8 @@ def test_view_guard_turns_a_narrow_view_into_a_clear_error_when_the_swa_patch_is
     assert error.startswith("HotfixError: kv_view_guard: DeepSeek-V4 fp8_ds_mla KV views FlashMLA would reject")
     # Each kind of spec once, with the layers counted; the cause named: the patch that was excluded.
     assert "SlidingWindowMLASpec(kv_quant_mode=NONE) viewed at 512 bytes/token: target.swa and 3 more layers" in error
-    assert error.count("SlidingWindowMLASpec") == 1 and "MLAAttentionSpec" not in error  # that one was corrected
+    assert error.count("SlidingWindowMLASpec(kv_quant_mode=NONE)") == 1  # the other spec was corrected
+    assert "MLAAttentionSpec(kv_quant_mode=NONE) viewed" not in error
     assert "swa_kv_cache_spec excluded (excluded by DSPARK_HOTFIX_PATCHES; needed (vLLM returns 512" in error
     assert "see `dspark-hotfix doctor`" in error and len(error) < 700
 
@@ -156,7 +158,7 @@ def test_malformed_value_warns_once_and_uses_the_default(var, value):
     assert warnings[0].startswith(var) and repr(value.split(",")[-1]) in warnings[0]
     if var == "DSPARK_HOTFIX_PATCHES":  # and, once, what the selection leaves off
         assert warnings[1:] == ["DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: remap_dspark_name, "
-                                "attention_kv_cache_spec, draft_load_coverage, kv_view_guard"]
+                                "attention_kv_cache_spec, kv_cache_groups, draft_load_coverage, kv_view_guard"]
     else:
         assert len(warnings) == 1
     assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
@@ -217,8 +219,8 @@ def test_spawn_children_are_each_patched():
     code = """
 import multiprocessing as mp, json
 
-def child(_):
-    import dspark_hotfix, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, os
+def child(_):  # a tensor-parallel worker: the runner and the model, not (yet) vLLM's KV-cache grouping
+    import dspark_hotfix, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention, os
     return os.getpid(), [r['state'] for r in dspark_hotfix.status()['patches']]
 
 if __name__ == '__main__':
@@ -231,7 +233,9 @@ if __name__ == '__main__':
     proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
     results = last_json(proc.stdout)
     assert len(results) == 8
-    assert all(states == ["installed"] * len(PATCHES) for _, states in results)
+    # kv_cache_groups waits for its module; kv_view_guard, which guards it, counts it as needed meanwhile.
+    expected = ["pending" if name == "kv_cache_groups" else "installed" for name in PATCHES]
+    assert all(states == expected for _, states in results)
     assert len(summary_lines(proc.stderr)) >= len({pid for pid, _ in results})
 
 

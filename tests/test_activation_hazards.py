@@ -161,7 +161,8 @@ assert seen == [1], seen
 
 LATE = f"""
 import json, os, sys, threading, time
-import vllm.models.deepseek_v4.attention  # no sitecustomize: vLLM is imported, then the shim is installed
+import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention  # no sitecustomize: vLLM is imported, then
+# the shim is installed
 sys.path.append({str(REPO)!r})
 """
 
@@ -281,7 +282,7 @@ def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv)
 
 
 def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):  # noqa: F811
-    code = ("import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
+    code = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
             "import vllm.plugins; vllm.plugins.load_general_plugins()\n" + STATUS)
     proc = in_venv(venv, str(venv["python"]), "-c", code, VLLM_PLUGINS=SPACED)
     assert proc.returncode == 0, proc.stderr

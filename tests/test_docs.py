@@ -26,7 +26,7 @@ DOCS = ("README.md", "docs/OPERATORS.md")
 BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
 STUB = """#!{python}
 import json, sys
-import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
+import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
 import dspark_hotfix
 print("vllm-stub " + json.dumps({{"status": dspark_hotfix.status(), "sys_path": sys.path}}))
 """

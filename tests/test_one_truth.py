@@ -158,7 +158,8 @@ WORDS = {"installed": "patched", "not_needed": "not needed", "excluded": "exclud
 def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
     standin = edited_standin(tmp_path / "standin", RESHAPE_SIGNATURE)
     # vLLM's V2 runner imports attn_utils before the model: the guard is decided before the summary is due.
-    proc = run_python("import vllm.v1.worker.gpu.attn_utils\n" + IMPORT_ALL + STATUS, path=(REPO, standin))
+    proc = run_python("import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils\n" + IMPORT_ALL + STATUS,
+                      path=(REPO, standin))
     rows = last_json(proc.stdout)
     assert rows["kv_view_guard"]["state"] == "failed"
     (summary,) = summary_lines(proc.stderr)
@@ -273,7 +274,7 @@ def test_a_guards_finding_is_logged_as_the_finding(shim_log, when):
 
     assert wrapped(check, guards=(SWA,))(1) == ("vllm", 1)
     (error,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert error.startswith("t: views too narrow. swa_kv_cache_spec ") and " raised " not in error, error
+    assert error.startswith("t: views too narrow; swa_kv_cache_spec ") and " raised " not in error, error
 
 
 def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
@@ -284,7 +285,7 @@ def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
         vllm(x)
         raise Finding("views too narrow")
 
-    with pytest.raises(HotfixError, match=r"^kv_view_guard: views too narrow\. ") as stopped:
+    with pytest.raises(HotfixError, match=r"^kv_view_guard: views too narrow; ") as stopped:
         wrapped(check, name="kv_view_guard", guards=(SWA,))(1)
     assert " raised " not in str(stopped.value)
 

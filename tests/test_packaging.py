@@ -17,7 +17,7 @@ import pytest
 from dspark_hotfix import __version__
 from tests.conftest import STANDIN, STATUS, clean_env, last_json, summary_lines
 
-TARGETS = "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
 IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
 
@@ -131,8 +131,8 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
     assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
     assert {p["name"]: p["needed"] for p in report["patches"]} == {
-        "remap_dspark_name": True, "attention_kv_cache_spec": True,
-        "swa_kv_cache_spec": True, "draft_load_coverage": True, "kv_view_guard": True,
+        "remap_dspark_name": True, "attention_kv_cache_spec": True, "swa_kv_cache_spec": True,
+        "kv_cache_groups": True, "draft_load_coverage": True, "kv_view_guard": True,
     }
     swa = next(p for p in report["patches"] if p["name"] == "swa_kv_cache_spec")
     assert swa["detail"] == "needed (vLLM returns 512 bytes/token for fp8_ds_mla; shim gives 584)"
@@ -141,8 +141,8 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
 def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
     assert proc.returncode == 1
-    assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, draft_load_coverage, "
-            "kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
+    assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
+            "draft_load_coverage, kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
 
 
 def test_doctor_fails_without_any_activation_path(venv):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import ast
 import json
 
-from tests.conftest import REPO, STANDIN, WRAP_DEPTH, json_lines, patch_names, run_python, summary_lines
+from tests.conftest import IMPORT_ALL, REPO, STANDIN, WRAP_DEPTH, json_lines, patch_names, run_python, summary_lines
 
 RACE = f"""
 import json, sys, threading, time
-import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils  # no sitecustomize: a late install()
+# no sitecustomize: a late install()
+import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
 sys.path.append({str(REPO)!r})
 import wrapt
 register = wrapt.register_post_import_hook
@@ -38,7 +39,7 @@ def test_a_second_activation_waits_for_the_first_and_uninstall_restores_vllm():
     proc = run_python(f"WRAP_DEPTH = {WRAP_DEPTH!r}\n" + RACE, path=(STANDIN,))
     seen, depth = json_lines(proc.stdout)
     # Neither caller returns before every hook is registered and decided: no caller uses vLLM unpatched.
-    assert seen == {"vllm-plugin": ["installed"] * 5, "api": ["installed"] * 5}
+    assert seen == {"vllm-plugin": ["installed"] * 6, "api": ["installed"] * 6}
     assert len(summary_lines(proc.stderr)) == 1
     assert depth == dict.fromkeys(patch_names(), 0)  # nothing left wrapped
 
@@ -61,7 +62,7 @@ S.get_kv_cache_spec = S.get_kv_cache_spec.__wrapped__  # somebody else put vLLM'
 first = dspark_hotfix.status()
 print(json.dumps([first == dspark_hotfix.status(), [r["state"] for r in first["patches"]]]))
 """
-    proc = run_python("import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n" + code)
+    proc = run_python(IMPORT_ALL + code)
     same, states = json.loads(proc.stdout)
     assert same and states == ["installed"] * len(patch_names())
     assert len(proc.stderr.splitlines()) == 1  # the summary line; status() itself logs nothing
@@ -72,7 +73,7 @@ def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
     # from the checkout without putting it on sys.path, so tests/, bench/ and scripts/ stay out.
     code = """
 import importlib, json, sys
-import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix
+import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix
 found = {}
 for name in ("tests", "bench", "scripts"):
     try:

@@ -29,17 +29,29 @@ swa_kv_cache_spec
     Upstream: #47648 (2026-07-06 follow-up), fixed by PR #47716.
     Remove: with PR #47716 (>= 0.25.0).
 
+kv_cache_groups (a stop)
+    Target: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``.
+    Why: with the hybrid KV cache manager off (the flag, or a KV connector without
+    support for it), vLLM 0.25.0 to 0.27.1 rebuild the sliding-window specs without
+    the layout (the reported error, on released vLLM) and every compressor state at
+    block size 256; no small patch makes that path right (docs/evidence/hybrid-off.md).
+    How it decides: vLLM's function converts a stand-in DeepSeek-V4 pair with the
+    hybrid manager off; applied if the sliding-window spec loses its layout. It then
+    stops such an engine at KV-cache grouping with the cause and what helps.
+    Upstream: vllm-project/vllm#47776.
+    Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
+
 draft_load_coverage (guard of remap_dspark_name)
     Target: ``...DSparkDeepseekV4ForCausalLM.load_weights``.
     Why: a draft whose weights never loaded runs with random weights, silently.
     How it decides: applied where ``remap_dspark_name`` is needed.
     Remove: with ``remap_dspark_name``.
 
-kv_view_guard (guard of the two spec patches)
+kv_view_guard (guard of the two spec patches and of kv_cache_groups)
     Target: ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``.
     Why: a narrow ``fp8_ds_mla`` view that got through anyway stops with an error
     naming the layers and the patch that did not apply, not FlashMLA's.
-    How it decides: applied where either spec patch is needed.
+    How it decides: applied where any of them is needed.
     Remove: with the spec patches.
 """
 
@@ -48,6 +60,7 @@ from __future__ import annotations
 from dspark_hotfix.patches import (
     attention_kv_cache_spec,
     draft_load_coverage,
+    kv_cache_groups,
     kv_view_guard,
     remap_dspark_name,
     swa_kv_cache_spec,
@@ -59,6 +72,7 @@ ALL: tuple[Patch, ...] = (
     remap_dspark_name.PATCH,
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
+    kv_cache_groups.PATCH,
     draft_load_coverage.PATCH,
     kv_view_guard.PATCH,
 )

@@ -2,7 +2,8 @@
 
 A patch module shows its replacement first: a plain function that takes vLLM's
 own function as its first argument (positional-only), calls it first, and
-passes its answer through a correction that is a plain function of values.
+passes its answer through a correction that is a plain function of values (a
+stop raises its finding before calling it).
 Patches never import the registry: a guard that finds something wrong raises
 :class:`Finding`, and the registry alone decides what that means.
 """
@@ -41,6 +42,9 @@ class Patch:
     probe: Callable[[Callable[..., Any]], Verdict] | None = None
     # A guard: the patches it guards; it is needed where any of them is.
     guards: tuple[str, ...] = ()
+    # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
+    # Such a patch, like a guard, does not hold back a process's summary line until its module is imported.
+    absent: str = ""
 
     @property
     def target(self) -> str:

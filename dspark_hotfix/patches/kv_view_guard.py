@@ -10,7 +10,8 @@ page_block_size, h_kv, bytes_per_token)``.
 Cause and upstream: see ``swa_kv_cache_spec`` (vllm-project/vllm#47648,
 PR #47716; the ``"auto"`` rule came with PR #42890).
 
-Decision: applied where either spec patch is needed, after vLLM's
+Decision: applied where a spec patch is needed, or the ``kv_cache_groups``
+stop (the hybrid-off path that loses the layout), after vLLM's
 ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache`` (vLLM 0.25.0 to 0.28.0
 have it). It checks every DeepSeek-V4 ``fp8_ds_mla`` view the runner built; a
 view that is not 584 bytes wide is a :class:`Finding`, which the registry turns
@@ -71,5 +72,6 @@ PATCH = Patch(
     parameters=PARAMETERS,
     replacement=_reshape_kv_cache,
     summary=f"a DeepSeek-V4 fp8_ds_mla KV view narrower than {BYTES_PER_TOKEN} bytes/token stops with a clear error",
-    guards=("attention_kv_cache_spec", "swa_kv_cache_spec"),
+    guards=("attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups"),
+    absent="the V2 runner no longer builds views by this rule (vLLM 0.29.0 on)",
 )

@@ -20,11 +20,13 @@ CHECKPOINT = [
 ]
 
 
-def run() -> dict:
+def run(hybrid: bool = True) -> dict:
+    """``hybrid=False``: the hybrid KV cache manager off, so the specs go through KV-cache grouping."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention, DeepseekV4FlashMLABackend
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
     from vllm.models.deepseek_v4.nvidia.flashmla import flash_mla_with_kvcache
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     from vllm.v1.worker.gpu.attn_utils import _reshape_kv_cache
 
     report: dict = {"views": {}, "loaded": None, "error": None}
@@ -40,6 +42,12 @@ def run() -> dict:
         for i, layer in enumerate(draft.model.layers):
             assert layer.attn.get_kv_cache_spec(config) is None  # SWA-only layers
             caches[f"draft.{i}.swa"] = (layer.attn.swa_cache.get_kv_cache_spec(config), DeepseekSparseSWABackend)
+        specs = {name: spec for name, (spec, _) in caches.items()}
+        off = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=not hybrid),
+                              kv_transfer_config=None)
+        for group in get_kv_cache_groups(off, specs):
+            for name in group.layer_names:
+                caches[name] = (group.kv_cache_spec, caches[name][1])
         groups = [
             SimpleNamespace(kv_cache_spec=spec, backend=backend, layer_names=[name])
             for name, (spec, backend) in caches.items()
@@ -58,5 +66,5 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    json.dump(run(), sys.stdout)
+    json.dump(run(hybrid="--hybrid-off" not in sys.argv), sys.stdout)
     print()

@@ -201,7 +201,8 @@ def test_real_vllm_plugin_loader_activates_the_shim(tmp_path):
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\ndspark_hotfix = dspark_hotfix.plugin:register\n")
     code = (
         "import json, sys\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
-        "import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix\n"
+        "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
+        "import dspark_hotfix\n"
         "print(json.dumps(dspark_hotfix.status()))"
     )
     proc = _run(code, {}, str(tmp_path))
@@ -246,8 +247,8 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
 
 
 def test_fixed_release_hears_one_line_saying_the_shim_is_removable():
-    proc = _run("import vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils", {},
-                os.environ["PYTHONPATH"])
+    proc = _run("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, "
+                "vllm.v1.worker.gpu.attn_utils", {}, os.environ["PYTHONPATH"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     # One line, which says the shim can go.
     ours = [line for line in (proc.stderr + proc.stdout).splitlines() if "dspark_hotfix" in line]

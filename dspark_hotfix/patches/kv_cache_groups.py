@@ -1,0 +1,123 @@
+"""kv_cache_groups: a stop, not a correction: DeepSeek-V4 with the hybrid KV cache manager off.
+
+Symptom: with the hybrid KV cache manager off (``--disable-hybrid-kv-cache-manager``,
+or vLLM turning it off for a ``--kv-transfer-config`` connector without support
+for it, as in many prefill/decode-disaggregated setups), released vLLM 0.25.0
+dies with the reported ``RuntimeError: kv must have shape (num_blocks,
+page_block_size, h_kv, bytes_per_token)``, upstream's fix notwithstanding.
+
+Cause: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups`` then rebuilds every
+``SlidingWindowMLASpec`` as a full-attention ``MLAAttentionSpec`` without
+``kv_quant_mode`` (the V2 runner views it at 512 bytes/token, FlashMLA rejects
+it) and at the full-attention block size (256), compressor states included,
+whose kernels take 4 and 8. Carrying ``kv_quant_mode`` through is not enough
+(measured on an H200: the C128 kernel then refuses block size 256), and one
+group of one block size cannot hold those caches at all: DeepSeek-V4 needs the
+hybrid manager. Measured on the CPU with vLLM's own code (docs/evidence/
+hybrid-off.md): 0.25.0 to 0.27.1 lose the layout there; 0.28.0 and 0.29.0 keep
+it and stop later, at the compressor-state block size; 0.33.0 raises in the
+conversion.
+
+Upstream: vllm-project/vllm#47776 (open when last seen).
+
+Decision: at import, vLLM's ``get_kv_cache_groups`` converts a stand-in pair of
+DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off; the patch is
+applied only if the sliding-window one comes back without the layout. Where
+vLLM has no ``kv_cache_utils.get_kv_cache_groups`` (0.33.0 groups elsewhere,
+and fails otherwise), it is not needed. Applied, it stops such an engine before
+any kernel runs, at KV-cache grouping, naming what turned the manager off and
+what helps. Everything else passes through untouched.
+
+Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on); no
+release measured runs DeepSeek-V4 with the hybrid manager off at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from dspark_hotfix.patches.base import Finding, Patch, Verdict
+from dspark_hotfix.patches.fp8_ds_mla import (
+    BYTES_PER_TOKEN,
+    CACHE_DTYPE,
+    MODEL_VERSION,
+    PAGE_ALIGNMENT,
+    quant_mode,
+    uint8_dtype,
+)
+
+
+def get_kv_cache_groups(vllm_get_kv_cache_groups: Callable[..., Any], /, vllm_config: Any, kv_cache_spec: Any) -> Any:
+    """``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``, stopped where it would break DeepSeek-V4."""
+    layers = deepseek_v4_layers(kv_cache_spec)
+    if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
+        raise Finding(
+            f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({len(layers)} layers, e.g. {layers[0]}) need vLLM's hybrid KV "
+            f"cache manager, and it is off: {why_off(vllm_config)}. With it off this vLLM rebuilds their "
+            f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
+            f"{BYTES_PER_TOKEN}: 'kv must have shape ...') and every compressor state at the full-attention block "
+            "size, which its kernels refuse. What helps: leave the hybrid manager on (drop "
+            "--disable-hybrid-kv-cache-manager); for prefill/decode disaggregation, a KV connector that supports it "
+            "(a SupportsHMA one); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
+        )
+    return vllm_get_kv_cache_groups(vllm_config, kv_cache_spec)
+
+
+def deepseek_v4_layers(kv_cache_spec: Any) -> list[str]:
+    return [name for name, spec in kv_cache_spec.items() if getattr(spec, "model_version", None) == MODEL_VERSION
+            and getattr(spec, "cache_dtype_str", None) == CACHE_DTYPE]
+
+
+def why_off(vllm_config: Any) -> str:
+    """What turned the manager off, as far as the config still tells: it keeps the flag, not its reason."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if transfer is not None:
+        return (f"--kv-transfer-config selects the KV connector {getattr(transfer, 'kv_connector', None)!r}; vLLM "
+                "turns the manager off for a connector without hybrid support (its log says so), or "
+                "--disable-hybrid-kv-cache-manager was given")
+    return "--disable-hybrid-kv-cache-manager was given (or the platform does not support the manager)"
+
+
+def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Verdict:
+    mode = quant_mode()
+    interface = sys.modules["vllm.v1.kv_cache_interface"]
+    try:
+        specs = {"full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
+                 "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128)}
+    except Exception as exc:  # spec classes this probe does not know how to build
+        return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
+                             kv_transfer_config=None)
+    try:
+        vllm_get_kv_cache_groups(config, specs)
+    except Exception:  # the conversion comes first and works in place; grouping needs a real config
+        pass
+    swa = specs["swa"]
+    if swa.kv_quant_mode == mode:
+        return Verdict(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
+    mode_name = getattr(swa.kv_quant_mode, "name", swa.kv_quant_mode)
+    return Verdict(True, "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
+                         f"{type(swa).__name__}(kv_quant_mode={mode_name}))")
+
+
+def _spec(cls: Any, mode: Any, **values: Any) -> Any:
+    values.update(num_kv_heads=1, head_size=512, dtype=uint8_dtype(), kv_quant_mode=mode, cache_dtype_str=CACHE_DTYPE,
+                  alignment=PAGE_ALIGNMENT, model_version=MODEL_VERSION)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+PATCH = Patch(
+    name="kv_cache_groups",
+    module="vllm.v1.core.kv_cache_utils",
+    qualname="get_kv_cache_groups",
+    parameters=("vllm_config", "kv_cache_spec"),
+    replacement=get_kv_cache_groups,
+    summary="DeepSeek-V4 with the hybrid KV cache manager off stops at KV-cache grouping, naming the cause",
+    probe=probe,
+    absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
+)
