@@ -5,7 +5,7 @@
 # Both base images are arguments, so a mirror or a local image will do; so is the
 # package index (PIP_INDEX_URL, read by pip), which only the wheel's build
 # requirements and, where the image has none, wrapt come from. The default vLLM
-# image carries the upstream fix: it builds only with ALLOW_NOT_NEEDED=1.
+# image carries the upstream fix, and still needs the hybrid-off stop (kv_cache_groups).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.25.0
 ARG PYTHON_IMAGE=python:3.12-slim
 

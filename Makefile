@@ -33,7 +33,7 @@ oci-test: $(VENV)/.ready  ## only the OCI tier: the Dockerfile built and run wit
 oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see docs/OPERATORS.md, Docker)
 	@echo "oci-real: not automated here: vLLM 0.25.0 from PyPI is 9.5 GB with its CUDA torch, and buildah's vfs storage" >&2
 	@echo "copies every layer in full for each stage and container; build on your vLLM image instead:" >&2
-	@echo "  docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.25.0 --build-arg ALLOW_NOT_NEEDED=1 ." >&2
+	@echo "  docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.25.0 ." >&2
 	@exit 2
 
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
