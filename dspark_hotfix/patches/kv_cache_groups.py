@@ -24,8 +24,9 @@ Decision: at import, vLLM's ``get_kv_cache_groups`` converts a stand-in pair of
 DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off; the patch is
 applied only if the sliding-window one comes back without the layout. Where
 vLLM has no ``kv_cache_utils.get_kv_cache_groups`` (0.33.0 groups elsewhere,
-and fails otherwise), it is not needed. Applied, it stops such an engine before
-any kernel runs, at KV-cache grouping, naming what turned the manager off and
+and fails otherwise), it is not needed. Applied, it stops such an engine at KV-cache
+grouping, before the KV cache is allocated and before FlashMLA runs (measured on
+an H200: docs/evidence/hybrid-off.md), naming what turned the manager off and
 what helps. Everything else passes through untouched.
 
 Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on); no
@@ -35,6 +36,7 @@ release measured runs DeepSeek-V4 with the hybrid manager off at all.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -92,10 +94,15 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Verdict:
         return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
                              kv_transfer_config=None)
+    # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a probe.
+    log = logging.getLogger(vllm_get_kv_cache_groups.__module__)
+    quiet, log.disabled = log.disabled, True
     try:
         vllm_get_kv_cache_groups(config, specs)
     except Exception:  # the conversion comes first and works in place; grouping needs a real config
         pass
+    finally:
+        log.disabled = quiet
     swa = specs["swa"]
     if swa.kv_quant_mode == mode:
         return Verdict(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
