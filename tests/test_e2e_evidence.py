@@ -78,3 +78,30 @@ def test_the_jit_cache_comes_back_in_parts_and_fills_an_empty_cache(e2e, tmp_pat
     shutil.rmtree(device / "cache")
     assert e2e._restore_cache()["parts"] == exported["parts"]
     assert (device / "cache" / "triton" / "k" / "kernel.cubin").read_bytes() == payload
+
+
+def test_on_the_h200_hybrid_off_dies_with_the_reported_error_without_the_shim_and_stops_early_with_it():
+    runs = ROOT / "docs" / "evidence" / "hybrid-off-h200"
+    base = json.loads((runs / "call31-02-baseline-hma-off.json").read_text())
+    shim = json.loads((runs / "call31-01-shim-hma-off.json").read_text())
+    assert base["hybrid_off"] and shim["hybrid_off"] and base["vllm_version"] == shim["vllm_version"] == "0.25.0"
+    assert not base["shim_loaded"] and shim["shim_loaded"]
+    assert base["root_cause"] == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    assert shim["root_cause"].startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: DeepSeek-V4's "
+                                         "fp8_ds_mla KV caches (9 layers, e.g. model.layers.0.attn.swa_cache) need")
+    # The stop comes at KV-cache grouping: no KV cache allocated, FlashMLA never reached.
+    log = (runs / "call31-01-shim-hma-off.log").read_text()
+    assert "get_kv_cache_groups(vllm_config, merged_kv_cache_specs)" in log
+    assert "RuntimeError: kv must have shape" not in log
+
+
+def test_on_the_h200_the_stop_leaves_a_hybrid_on_engine_generating_what_vllm_generates():
+    runs = ROOT / "docs" / "evidence" / "hybrid-off-h200"
+    shim = json.loads((runs / "call32-01-shim.json").read_text())
+    base = json.loads((runs / "call32-02-baseline.json").read_text())
+    assert shim["shim_loaded"] and not base["shim_loaded"] and not shim["hybrid_off"] and not base["hybrid_off"]
+    assert shim["exit_code"] == base["exit_code"] == 0 and shim["ok"] and base["ok"]
+    assert [t["output_ids_sha256"] for t in shim["timed"]] == [t["output_ids_sha256"] for t in base["timed"]]
+    assert shim["spec_metrics_timed"] == base["spec_metrics_timed"]
+    assert shim["spec_metrics_timed"]["vllm:spec_decode_num_accepted_tokens"] == 1339
+    assert "1 patched, 4 not needed" in shim["shim_lines"][0]
