@@ -25,6 +25,7 @@ pytestmark = pytest.mark.oci
 REPORTED_ERROR = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
 PROBE = """
 import json, os
+import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils  # vLLM's order: the engine's, then the model's
 import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark
 import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils
 import dspark_hotfix, wrapt

@@ -22,12 +22,14 @@ CHECKPOINT = [
 
 def run(hybrid: bool = True) -> dict:
     """``hybrid=False``: the hybrid KV cache manager off, so the specs go through KV-cache grouping."""
+    # vLLM's order: the engine's KV-cache grouping and the V2 runner, then the model; their functions
+    # are looked up when called, as vLLM's own callers do (module globals).
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.worker.gpu import attn_utils
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention, DeepseekV4FlashMLABackend
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
     from vllm.models.deepseek_v4.nvidia.flashmla import flash_mla_with_kvcache
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
-    from vllm.v1.worker.gpu.attn_utils import _reshape_kv_cache
 
     report: dict = {"views": {}, "loaded": None, "error": None}
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
@@ -45,7 +47,7 @@ def run(hybrid: bool = True) -> dict:
         specs = {name: spec for name, (spec, _) in caches.items()}
         off = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=not hybrid),
                               kv_transfer_config=None)
-        for group in get_kv_cache_groups(off, specs):
+        for group in kv_cache_utils.get_kv_cache_groups(off, specs):
             for name in group.layer_names:
                 caches[name] = (group.kv_cache_spec, caches[name][1])
         groups = [
@@ -53,7 +55,7 @@ def run(hybrid: bool = True) -> dict:
             for name, (spec, backend) in caches.items()
         ]
         raw = {name: NUM_BLOCKS * spec.page_size_bytes for name, (spec, _) in caches.items()}
-        views = _reshape_kv_cache(groups, raw, "fp8_ds_mla", [64], {})
+        views = attn_utils._reshape_kv_cache(groups, raw, "fp8_ds_mla", [64], {})
         for name, (spec, _) in caches.items():
             shape, stride = views[name]
             report["views"][name] = {"shape": list(shape), "stride": list(stride), "page_bytes": spec.page_size_bytes}
