@@ -184,17 +184,17 @@ def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
-    Pythons ship their own. Every entry whose ``sitecustomize.py`` is ours
-    (compared by real path: a symlinked directory, or a checkout root's link to
-    our file, too) is taken off ``sys.path`` for the import and
+    Pythons ship their own. Every entry whose ``sitecustomize.py`` is our very
+    file (a symlinked directory, or a checkout root's link to it, too) is taken off ``sys.path`` for the import and
     put back where it was, keeping what the shadowed one changed (images extend
     ``sys.path`` there); errors are reported the way ``site`` reports its own
     sitecustomize's, start-up goes on, and ``chained`` records what happened.
     """
     global chained
-    here = os.path.realpath(sitecustomize_file)
     ours = sys.modules.get("sitecustomize")
-    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.realpath(os.path.join(p, "sitecustomize.py")) == here]
+    # samefile compares two stats; realpath would walk every path component in Python code.
+    found = [(i, p, os.path.join(p, "sitecustomize.py")) for i, p in enumerate(sys.path)]
+    taken = [(i, p) for i, p, f in found if os.path.isfile(f) and os.path.samefile(f, sitecustomize_file)]
     sys.path[:] = [p for i, p in enumerate(sys.path) if (i, p) not in taken]
     sys.modules.pop("sitecustomize", None)
     try:
