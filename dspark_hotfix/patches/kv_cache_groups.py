@@ -48,6 +48,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     CACHE_DTYPE,
     MODEL_VERSION,
     PAGE_ALIGNMENT,
+    deepseek_v4_fp8_ds_mla,
     quant_mode,
     uint8_dtype,
 )
@@ -70,8 +71,7 @@ def get_kv_cache_groups(vllm_get_kv_cache_groups: Callable[..., Any], /, vllm_co
 
 
 def deepseek_v4_layers(kv_cache_spec: Any) -> list[str]:
-    return [name for name, spec in kv_cache_spec.items() if getattr(spec, "model_version", None) == MODEL_VERSION
-            and getattr(spec, "cache_dtype_str", None) == CACHE_DTYPE]
+    return [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
 
 
 def why_off(vllm_config: Any) -> str:

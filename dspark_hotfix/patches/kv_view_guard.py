@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dspark_hotfix.patches.base import Finding, Patch
-from dspark_hotfix.patches.fp8_ds_mla import BYTES_PER_TOKEN, CACHE_DTYPE, MODEL_VERSION
+from dspark_hotfix.patches.fp8_ds_mla import BYTES_PER_TOKEN, deepseek_v4_fp8_ds_mla
 
 PARAMETERS = ("attn_groups", "kv_cache_raw_tensors", "cache_dtype", "kernel_block_sizes", "shared_kv_cache_layers",
               "kv_cache_config")
@@ -49,9 +49,7 @@ def narrow_fp8_ds_mla_views(attn_groups: Any, kv_caches: Any, cache_dtype: str |
     kinds: dict[str, list[str]] = {}
     for group in attn_groups:
         spec: Any = getattr(group, "kv_cache_spec", None)
-        if getattr(spec, "model_version", None) != MODEL_VERSION:
-            continue
-        if CACHE_DTYPE not in (getattr(spec, "cache_dtype_str", None), cache_dtype):
+        if not deepseek_v4_fp8_ds_mla(spec, cache_dtype):
             continue
         for layer in getattr(group, "layer_names", ()):
             shape = tuple(getattr(kv_caches.get(layer), "shape", ()))
