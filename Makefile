@@ -15,7 +15,7 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 	$(PY) scripts/demo.py
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence scripts/e2e-h200 scripts/loc bench
+	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence scripts/e2e-h200 scripts/serve-h200 scripts/loc bench
 	$(PY) -m mypy
 
 test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray and real-vLLM tiers

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -11,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    loader = importlib.machinery.SourceFileLoader("e2e_h200", str(ROOT / "scripts" / "e2e-h200"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return load_script("e2e-h200")
 
 
 def _engine(variant, rates, cache_files=10, counts=1339, ok=True):

@@ -1,0 +1,89 @@
+"""The H200 server evidence: docs/evidence/serve-h200.json holds what scripts/serve-h200 computes from its own runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.scripts import load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+EVIDENCE = ROOT / "docs" / "evidence" / "serve-h200.json"
+
+
+@pytest.fixture(scope="module")
+def serve():
+    return load_script("serve-h200")
+
+
+def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
+    data = json.loads(EVIDENCE.read_text())
+    assert data["figures"] == serve.figures(data["sessions"])
+    outcomes = data["figures"]["outcomes"]
+    assert [o["outcome"] for o in outcomes["bug"]] == ["exited"] and outcomes["bug"][0]["reported_error"]
+    for arm in ("fixed-launcher", "fixed-plugin"):
+        ready = [o for o in outcomes[arm] if o["outcome"] == "ready"]
+        assert ready and all(o["shim_summaries"] == o["processes"] >= 2 for o in ready), arm
+    assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"])
+    assert data["figures"]["same_completions"] is True
+
+
+def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_completions(serve):
+    data = json.loads(EVIDENCE.read_text())
+    sessions = json.loads(json.dumps(data["sessions"]))
+    server = next(s for session in sessions for s in session["summary"]["servers"] if s["arm"] == "fixed-plugin")
+    counters = server["probe"]["spec_decode_metrics"]
+    key = next(k for k in counters if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+    counters[key] += 1
+    assert serve.figures(sessions)["same_completions"] is False
+
+
+def _run(arm, rep, rate, compiles=0, phase="timed"):
+    result = {"output_throughput": rate, "failed": 0, "completed": 64}
+    return {"arm": arm, "phase": phase, "rep": rep, "jit_compiles": compiles, "result": result}
+
+
+def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_clean_figure(serve):
+    runs = [_run("baseline", 100, 1.0, compiles=3, phase="warmup")]
+    for rep, (fixed, base) in enumerate([(99.0, 100.0), (101.0, 100.0), (50.0, 100.0), (100.0, 100.0)]):
+        runs += [_run("fixed-plugin", rep, fixed, compiles=2 if fixed == 50.0 else 0), _run("baseline", rep, base)]
+    ratio = serve.bench_ratio(runs)
+    assert ratio["fixed_arm"] == "fixed-plugin"
+    assert ratio["clean"]["pairs"] == 3 and ratio["clean"]["ratio"] == 1.0
+    low, high = ratio["clean"]["ci95"]
+    assert low < 1.0 < high and high - low < 0.05
+    assert ratio["all"]["pairs"] == 4 and ratio["all"]["ratio"] == pytest.approx(0.875)
+    assert ratio["jit_compiles"]["fixed-plugin"] == [0, 0, 2, 0]
+    assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
+
+
+def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
+    e2e = serve._e2e()
+    envs = {arm: serve.arm_env(e2e, arm) for arm in serve.ARMS}
+    for arm, (env, prefix) in envs.items():
+        paths = env["PYTHONPATH"].split(":")
+        assert ("vllm-rev" in env["PYTHONPATH"]) == arm.startswith(("bug", "fixed")), arm
+        assert not any(p.endswith("startup") for p in paths), arm  # only the launcher adds it, in the child
+        assert (prefix == ["dspark-hotfix", "run", "--"]) == (arm in ("bug", "fixed-launcher", "shim-hma-off")), arm
+        assert any(p.endswith("shim-site") for p in paths) == (not arm.startswith("baseline")), arm
+    assert envs["bug"][0]["DSPARK_HOTFIX"] == "0"
+    assert all("DSPARK_HOTFIX" not in env for arm, (env, _) in envs.items() if arm != "bug")
+    assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(Path("m"), "shim-hma-off", 1, 1, 0.4)
+    assert "--disable-hybrid-kv-cache-manager" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
+
+
+def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_reported_error(serve):
+    log = "\n".join([
+        "(APIServer pid=10) INFO 12-01 06:34:49 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 10) via sitecustomize: "
+        "4 patched, 2 pending (...)",
+        "INFO 12-01 06:35:13 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 11) via sitecustomize: 5 patched, 1 pending",
+        "(EngineCore pid=11) ERROR 12-01 06:32:00 [core.py:1231] RuntimeError: kv must have shape "
+        "(num_blocks, page_block_size, h_kv, bytes_per_token)",
+    ])  # fmt: skip
+    facts = serve.log_facts(log)
+    assert facts["processes"] == ["APIServer 10", "EngineCore 11"]
+    assert facts["shim_summary_pids"] == [10, 11]
+    assert facts["reported_error"] is True
+    assert facts["first_error"].startswith("RuntimeError: kv must have shape")
