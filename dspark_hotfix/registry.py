@@ -73,6 +73,7 @@ class Record:
         self.needed: bool | None = None  # after the decision: None when it could not be judged
         self.corrections = 0
         self.module: Any = None  # a guard's module, once imported
+        self.target: tuple[Any, str, Any] | None = None  # owner, name and vLLM's function, once wrapped
         self.warned = False
 
 
@@ -105,11 +106,14 @@ if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging 
 
 def _after_fork_in_child() -> None:
     """A child forked while another thread activated gets a fresh lock and, for an
-    activation left half-built, none at all: its own install() starts again (and
-    :func:`resolve` looks through the wrappers the half-built one left)."""
+    activation left half-built, none at all (what it had wrapped put back, so that
+    no probe looks at vLLM through a wrapper): its own install() starts again."""
     global _lock, _active
     _lock = threading.Lock()
     if _active is not None and not _active.done.is_set():
+        for record in _active.records.values():
+            if record.target is not None:
+                setattr(*record.target)  # owner, name, vLLM's own function
         _active = None
 
 
@@ -222,6 +226,7 @@ def _settle(activation: Activation, record: Record, state: str, needed: bool | N
         elif state == INSTALLED and target is not None:
             owner, name, original = target
             setattr(owner, name, _wrap(activation, record, original))
+            record.target = target
         record.state, record.needed, record.detail = state, needed, why
         return state
 
@@ -256,7 +261,6 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     function = vars(owner).get(name)
     if function is None:
         raise Absent(f"{owner.__name__} defines no {name}")
-    function = getattr(function, "dspark_hotfix_wraps", function)  # never wrap a wrapper of ours again
     if not inspect.isfunction(function):  # a staticmethod or another tool's proxy binds differently
         raise Unavailable(f"{patch.qualname} is a {type(function).__name__}, not a plain function")
     parameters = tuple(inspect.signature(function).parameters)
@@ -300,7 +304,6 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
             record.corrections += 1
         return result
 
-    patched.dspark_hotfix_wraps = original  # type: ignore[attr-defined]
     return patched
 
 

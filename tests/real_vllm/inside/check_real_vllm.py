@@ -68,7 +68,7 @@ def test_guards_are_applied_only_where_the_release_needs_them(name):
     assert row["state"] == expected_state(name), row
     try:
         owner, attribute, _ = resolve(patch, module)
-        function = vars(owner)[attribute]  # what vLLM calls: resolve itself looks through the shim's wrapper
+        function = vars(owner)[attribute]  # what vLLM calls
     except Exception:  # the runner's function is gone in this release: nothing to leave untouched
         assert name == "kv_view_guard"
         return
