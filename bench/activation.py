@@ -41,7 +41,7 @@ def main() -> None:
     import dspark_hotfix
 
     watcher = dspark_hotfix.VllmImportWatcher("bench")
-    watcher.done = True
+    watcher.done = True  # as after activation, for the rest of the import
     wrapt_finder = next(f for f in sys.meta_path if type(f).__module__.startswith("wrapt"))
     path_entry = sys.path_hooks[-1](repo)  # the FileFinder that PYTHONPATH's directory gets
     finders = {

@@ -17,7 +17,6 @@ environment:
                          anything else: off, with a warning
   DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these)
   DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied stops vLLM
-  DSPARK_HOTFIX_LOG      DEBUG, INFO (default), WARNING or ERROR
 
 exit status of doctor and status:
   0  the fix is active where it is needed

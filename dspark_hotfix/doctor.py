@@ -137,7 +137,7 @@ def diagnose() -> dict[str, Any]:
         sitecustomize=site, plugin=plugin, pythonpath=entries,
         versions={"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt_version, "vllm": out.pop("vllm")},
         switches={"enabled": dspark_hotfix.enabled(), "strict": out["strict"],
-                  "patches": os.environ.get(config.PATCHES), "log": os.environ.get(config.LOG)},
+                  "patches": os.environ.get(config.PATCHES)},
         warnings=pythonpath_warnings(entries, site["chained"]), problems=problems,
     )
     if out["versions"]["vllm"] and dspark_hotfix.enabled() and any(

@@ -1,13 +1,13 @@
 """The registry: when to patch, how, and what every problem means.
 
 Interpreter start only inserts ``dspark_hotfix.VllmImportWatcher``; this module
-is imported when vLLM imports the package of a patch's target. :func:`activate`
-registers one wrapt post-import hook per patch. A hook fires when vLLM imports
-the patch's module (at once if it is imported already), asks the patch's probe
-whether the running vLLM needs it, and only then puts ``patch.replacement`` in
-front of vLLM's function. A guard is decided once, when the patches it guards
-are. Each record holds one state; :func:`status`, ``dspark-hotfix status`` and
-``doctor``, and the summary line all read those states and nothing else.
+is imported when ``vllm`` is imported. :func:`activate` registers one wrapt
+post-import hook per patch. A hook fires when vLLM imports the patch's module
+(at once if it is imported already), asks the patch's probe whether the running
+vLLM needs it, and only then puts ``patch.replacement`` in front of vLLM's
+function. A guard is decided once, when the patches it guards are. Each record
+holds one state; :func:`status`, ``dspark-hotfix status`` and ``doctor``, and
+the summary line all read those states and nothing else.
 
 The failure policy is :func:`_fail`, and only it:
 
@@ -16,15 +16,14 @@ The failure policy is :func:`_fail`, and only it:
   runs unpatched;
 - a correction that raises gives back vLLM's own answer, with one warning;
 - a guard's finding is logged as an error (``draft_load_coverage``), except
-  ``kv_view_guard``'s, which stops vLLM with an error naming the layers and the
-  patches behind them: FlashMLA rejects those views at the first decode, so vLLM
-  would stop anyway, with a less useful message;
+  ``kv_view_guard``'s and ``kv_cache_groups``'s, which stop vLLM with an error
+  naming the cause: vLLM would stop anyway, with a less useful message;
 - with ``DSPARK_HOTFIX_STRICT=1`` each of these raises :class:`HotfixError`.
 
 Limits, stated rather than handled: ``importlib.reload`` of a target module
 builds new functions and wrapt's hooks fire once per module, so a reloaded
-target runs unpatched (as with wrapt itself); ``uninstall()`` restores the
-functions it wrapped, not copies that other modules took by name.
+target runs unpatched (as with wrapt itself). Nothing unwraps vLLM's functions
+in a running process: ``DSPARK_HOTFIX=0`` and a restart do.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ import logging
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +54,7 @@ STOPS = frozenset({"kv_view_guard", "kv_cache_groups"})  # findings vLLM would n
 
 
 class HotfixError(RuntimeError):
-    """Strict mode (or kv_view_guard): the shim stops vLLM, saying why."""
+    """Strict mode (or a stop): the shim stops vLLM, saying why."""
 
 
 class Unavailable(Exception):
@@ -68,18 +68,17 @@ class Absent(Unavailable):
 class Record:
     """One patch in this process: its state and what the state rests on."""
 
-    __slots__ = ("corrections", "detail", "module", "needed", "patch", "state", "undo")
-
-    def __init__(self, patch: Patch) -> None:
-        self.patch, self.state, self.detail = patch, PENDING, f"waiting for {patch.module}"
+    def __init__(self, patch: Patch, state: str = PENDING, detail: str = "") -> None:
+        self.patch, self.state, self.detail = patch, state, detail or f"waiting for {patch.module}"
         self.needed: bool | None = None  # after the decision: None when it could not be judged
         self.corrections = 0
         self.module: Any = None  # a guard's module, once imported
-        self.undo: tuple[Any, str, Any, Any] | None = None  # owner, name, vLLM's function, the wrapper
+        self.target: tuple[Any, str, Any] | None = None  # owner, name and vLLM's function, once wrapped
+        self.warned = False
 
 
 class Activation:
-    """One activation of the registry in this process."""
+    """The activation of the registry in this process."""
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -89,7 +88,6 @@ class Activation:
         self.thread = threading.get_ident()
         self.done = threading.Event()  # every hook is registered (or activation gave up)
         self.summarized = False
-        self.warned: set[str] = set()
 
 
 # Guards `_active` and every state change. Never held while wrapt, vLLM's code
@@ -98,6 +96,12 @@ class Activation:
 _lock = threading.Lock()
 _active: Activation | None = None
 _log = logging.getLogger("dspark_hotfix")
+if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging neither swallows nor doubles it
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    _log.addHandler(_handler)
+    _log.propagate = False
+    _log.setLevel(logging.INFO)
 
 
 def _after_fork_in_child() -> None:
@@ -108,8 +112,8 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if _active is not None and not _active.done.is_set():
         for record in _active.records.values():
-            if record.undo is not None and vars(record.undo[0]).get(record.undo[1]) is record.undo[3]:
-                setattr(record.undo[0], record.undo[1], record.undo[2])
+            if record.target is not None:
+                setattr(*record.target)  # owner, name, vLLM's own function
         _active = None
 
 
@@ -137,13 +141,6 @@ def activate(source: str) -> None:
             activation.done.wait()
         return
     try:
-        if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging neither swallows nor doubles it
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
-                                                   "%m-%d %H:%M:%S"))
-            _log.addHandler(handler)
-            _log.propagate = False
-        _log.setLevel(activation.settings.level)
         for problem in activation.settings.problems if activation.enabled else ():
             _log.warning("%s", problem)
         try:
@@ -151,7 +148,7 @@ def activate(source: str) -> None:
         except Exception as exc:  # absent, or broken in this environment
             why = f"wrapt is not importable ({type(exc).__name__}: {exc})"
             for record in activation.records.values():
-                _settle(activation, record, None, why, failed=True)
+                _settle(activation, record, FAILED, None, why)
             _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, "
                                     f"or set {config.ENABLE}=0. vLLM runs unpatched.", cause=exc)
             return
@@ -162,18 +159,16 @@ def activate(source: str) -> None:
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    if _active is not activation:  # a hook left registered by an activation that uninstall() ended
+    if _active is not activation:  # a hook of an activation that a fork left half-built
         return
     try:
-        if record.patch.guards:
-            with _lock:
-                record.module = module
-                if record.state == PENDING:
-                    record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
+        if record.patch.guards:  # decided with the patches it guards, here or in their hooks
+            record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
+            record.module = module
         else:
             _decide(activation, record, module)
         for guard in activation.records.values():
-            if guard.patch.guards and guard.module is not None and guard.state == PENDING:
+            if guard.module is not None and guard.state == PENDING:
                 _decide(activation, guard, guard.module)
         _summarize(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
@@ -187,29 +182,29 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     try:
         if patch.guards:
             guarded = [activation.records[name] for name in patch.guards]
+            # Decided once the patches it guards are; one whose module this process may never import
+            # (kv_cache_groups in a tensor-parallel worker) counts as needed while it waits.
             if any(r.state == PENDING and (not r.patch.absent or r.patch.module in sys.modules) for r in guarded):
-                return  # decided once the patches it guards are; one whose module this process may never import
-                # (kv_cache_groups in a tensor-parallel worker) counts as needed while it waits
+                return
             on = [r.patch.name + (" (not judged yet)" if r.state == PENDING else "") for r in guarded
                   if r.needed is not False]
             needed: bool | None = bool(on)
-            why = f"needed (guards {', '.join(on)})" if on else f"not needed (guards {', '.join(patch.guards)}, " \
-                                                                 "none needed here)"
+            why = f"needed (guards {', '.join(on)})" if on else \
+                f"not needed (guards {', '.join(patch.guards)}, none needed here)"
             if on:  # a guard of patches that are not needed never looks at vLLM
                 target = resolve(patch, module)
         else:
             target = resolve(patch, module)
             assert patch.probe is not None
             needed, why = patch.probe(target[2])
+        state = INSTALLED if needed is not False else NOT_NEEDED
     except Absent as exc:
-        needed, why, failed = (False, f"not needed ({exc}: {patch.absent})", False) if patch.absent else \
-            (None, str(exc), True)
+        needed, why, state = (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED) if patch.absent else \
+            (None, str(exc), FAILED)
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
-        needed, why, failed = None, str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}", True
-    else:
-        failed = False
-    state = _settle(activation, record, needed, why, target, failed)
-    if state == FAILED:
+        needed, state = None, FAILED
+        why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
+    if _settle(activation, record, state, needed, why, target) == FAILED:
         _fail(activation, patch, f"cannot patch {patch.target}: {why}; vLLM runs unpatched ({_remedy(patch)})")
 
 
@@ -217,30 +212,23 @@ def _remedy(patch: Patch) -> str:
     return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
 
 
-def _settle(activation: Activation, record: Record, needed: bool | None, why: str,
-            target: tuple[Any, str, Any] | None = None, failed: bool = False) -> str | None:
-    """Record the one decision on ``record``: exactly once, and never after uninstall()."""
-    patch = record.patch
+def _settle(activation: Activation, record: Record, state: str, needed: bool | None, why: str,
+            target: tuple[Any, str, Any] | None = None) -> str | None:
+    """Record the one decision on ``record``, exactly once, where the switches
+    allow it; wrap vLLM's function if it is to be patched."""
     with _lock:
-        if _active is not activation or record.state != PENDING:
+        if record.state != PENDING:
             return None
         if not activation.enabled:
             state, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
-        elif patch.name not in activation.settings.selected:
+        elif record.patch.name not in activation.settings.selected:
             state, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
-        elif failed:
-            state = FAILED
-        elif needed is False:
-            state = NOT_NEEDED
-        else:
-            assert target is not None
+        elif state == INSTALLED and target is not None:
             owner, name, original = target
-            wrapper = _wrap(activation, record, original)
-            setattr(owner, name, wrapper)
-            state, record.undo = INSTALLED, (owner, name, original, wrapper)
+            setattr(owner, name, _wrap(activation, record, original))
+            record.target = target
         record.state, record.needed, record.detail = state, needed, why
-    _log.debug("%s: %s: %s", patch.name, state, why)
-    return state
+        return state
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
@@ -253,28 +241,15 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
     _log.log(level, "%s", text)
 
 
-class _Refusal:
-    """In strict mode a failed patch aborts its module's import, and wrapt drops the
-    hook that fired: without this finder a retried import would load the module
-    unpatched, silently. Under the import lock it only reads a dict."""
-
-    __slots__ = ("errors",)
-
-    def __init__(self) -> None:
-        self.errors: dict[str, str] = {}
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname in self.errors:
-            raise HotfixError(self.errors[fullname])
-
-
-_refusal = _Refusal()
-
-
 def _refuse(module: str, error: str) -> None:
-    _refusal.errors.setdefault(module, error)
-    if _refusal not in sys.meta_path:
-        sys.meta_path.insert(0, _refusal)
+    """Strict mode: wrapt has dropped the hook whose HotfixError aborted ``module``'s
+    import; this finder fails every retry of that import the same way, instead of
+    letting it load unpatched. Under the import lock it only compares a name."""
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname == module:
+            raise HotfixError(error)
+
+    sys.meta_path.insert(0, types.SimpleNamespace(find_spec=find_spec))
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
@@ -298,7 +273,6 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
 def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
     """vLLM's function with the patch's replacement in front of it."""
     patch = record.patch
-    replacement = patch.replacement
 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
@@ -310,7 +284,7 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
             return answers[0]
 
         try:
-            result = replacement(vllm, *args, **kwargs)
+            result = patch.replacement(vllm, *args, **kwargs)
         except Exception as exc:
             if answers and answers[0] is record:
                 raise
@@ -319,8 +293,8 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
                                   (activation.records[name] for name in patch.guards))
                 _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=patch.name in STOPS,
                       level=logging.ERROR)
-            elif patch.name not in activation.warned or activation.settings.strict:
-                activation.warned.add(patch.name)
+            elif not record.warned or activation.settings.strict:
+                record.warned = True
                 what = "check" if patch.guards else "correction"
                 record.detail += f"; {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
                 _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
@@ -328,21 +302,19 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
             return answers[0] if answers else original(*args, **kwargs)
         if not answers or result is not answers[0]:
             record.corrections += 1
-            if record.corrections == 1:
-                _log.debug("%s: first correction: %s -> %s", patch.name, answers[0] if answers else "-", result)
         return result
 
     return patched
 
 
 def _summarize(activation: Activation) -> None:
-    """One INFO line per process, once every patch is decided, and every guard whose module is imported: the
-    records' states."""
+    """One INFO line per process, once every patch is decided, and every guard whose
+    module is imported: the records' states."""
     with _lock:
         records = list(activation.records.values())
-        if activation.summarized or _active is not activation or not activation.enabled or any(
+        if activation.summarized or not activation.enabled or any(
                 r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
-            for r in records):
+                for r in records):
             return  # a record whose module is imported has its hook still to run
         activation.summarized = True
     left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
@@ -359,36 +331,18 @@ def _summarize(activation: Activation) -> None:
         INSTALLED, NOT_NEEDED) else "") for s, names in counts.items() if names))
 
 
-def uninstall() -> dict[str, Any]:
-    """Put vLLM's original functions back and stop watching imports."""
-    global _active
-    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "VllmImportWatcher" and f is not _refusal]
-    _refusal.errors.clear()
-    with _lock:
-        activation, _active = _active, None
-        for record in activation.records.values() if activation is not None else ():
-            if record.undo is not None:
-                owner, name, original, wrapper = record.undo
-                if vars(owner).get(name) is wrapper:
-                    setattr(owner, name, original)
-    return status()
-
-
 def status() -> dict[str, Any]:
     """What the shim did in this process; reads the records' states, changes nothing."""
     activation = _active
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     if activation is not None:
-        rows = [(r.patch, r.state, r.needed, r.corrections, r.detail) for r in activation.records.values()]
+        records = list(activation.records.values())
+    elif watcher is not None:
+        records = [Record(p, PENDING, "waiting for vLLM to be imported") for p in ALL]
     else:
-        if not dspark_hotfix.enabled():
-            state, detail = DISABLED, f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} " \
-                                      "turns the shim off"
-        elif watcher is not None:
-            state, detail = PENDING, "waiting for vLLM to import the DeepSeek-V4 modules"
-        else:
-            state, detail = DISABLED, "not installed in this process"
-        rows = [(p, state, None, 0, detail) for p in ALL]
+        why = "not installed in this process" if dspark_hotfix.enabled() else \
+            f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
+        records = [Record(p, DISABLED, why) for p in ALL]
     return {
         "schema": SCHEMA,
         "version": dspark_hotfix.__version__,
@@ -397,8 +351,8 @@ def status() -> dict[str, Any]:
         "enabled": dspark_hotfix.enabled(),
         "strict": (activation.settings if activation is not None else config.Settings(p.name for p in ALL)).strict,
         "patches": [
-            {"name": p.name, "target": p.target, "state": state, "needed": needed, "corrections": corrections,
-             "detail": detail}
-            for p, state, needed, corrections, detail in rows
+            {"name": r.patch.name, "target": r.patch.target, "state": r.state, "needed": r.needed,
+             "corrections": r.corrections, "detail": r.detail}
+            for r in records
         ],
     }

@@ -105,14 +105,9 @@ def test_draft_load_guard_stops_the_load_in_strict_mode():
     assert "HotfixError: draft_load_coverage: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
 
 
-def test_first_correction_is_logged_once_at_debug_and_corrections_are_counted():
-    proc = run_python(WARMUP + "\n" + STATUS, env={"DSPARK_HOTFIX_LOG": "DEBUG"})
-    swa = [line for line in log_lines(proc.stderr, "DEBUG") if line.startswith("swa_kv_cache_spec: first correction")]
-    assert len(swa) == 1 and "kv_quant_mode=<KVQuantMode.FP8_PER_TENSOR" in swa[0]
-    assert "model.layers.43.attn.wkv.weight -> model.layers.0.attn.wkv.weight" in proc.stderr
-    rows = last_json(proc.stdout)
+def test_corrections_are_counted():
+    rows = last_json(run_python(WARMUP + "\n" + STATUS).stdout)
     assert (rows["swa_kv_cache_spec"]["corrections"], rows["remap_dspark_name"]["corrections"]) == (4, 6)
-    assert "first correction" not in run_python(WARMUP).stderr
 
 
 def test_off_means_nothing_is_wrapped_and_nothing_is_said():
@@ -149,8 +144,7 @@ def test_exclusion_leaves_the_excluded_patch_alone():
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_LOG", "loud"),
-     ("DSPARK_HOTFIX_PATCHES", "swa_kv_cache_spec,bogus")],
+    [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_PATCHES", "swa_kv_cache_spec,bogus")],
 )
 def test_malformed_value_warns_once_and_uses_the_default(var, value):
     proc = run_python(TARGETS + STATUS, env={var: value})
@@ -259,41 +253,12 @@ def test_double_install_is_idempotent():
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
 
 
-def test_uninstall_restores_the_original_functions_exactly():
-    code = """
-import json, dspark_hotfix
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
-wrapped = S.__dict__['get_kv_cache_spec']
-original = wrapped.__wrapped__
-dspark_hotfix.uninstall()
-restored = S.__dict__['get_kv_cache_spec']
-print(json.dumps([restored is original, restored is not wrapped,
-                  [r['state'] for r in dspark_hotfix.status()['patches']]]))
-"""
-    same, changed, states = last_json(run_python(code).stdout)
-    assert same and changed and states == ["disabled"] * len(PATCHES)
-
-
 def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
     proc = run_python("import sys; print(repr(sorted(sys.modules)))", path=(REPO,))
     loaded = set(eval(proc.stdout))
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == {"dspark_hotfix"}  # active, one module
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
-
-
-def test_activation_triggers_are_the_packages_of_the_targets():
-    import dspark_hotfix
-    from dspark_hotfix.patches import ALL
-
-    assert {p.module.rpartition(".")[0] for p in ALL} == dspark_hotfix.TRIGGERS
-
-
-def test_a_vllm_process_that_never_loads_deepseek_v4_never_imports_wrapt():
-    code = "import vllm, vllm.v1.kv_cache_interface, sys\nprint(repr(sorted(sys.modules)))"
-    loaded = set(eval(run_python(code).stdout))
-    assert "dspark_hotfix" in loaded and "sitecustomize" in loaded
-    assert not loaded & {"wrapt", "dspark_hotfix.registry", "logging"}
 
 
 def test_doctor_judges_guards_as_the_hooks_do():

@@ -169,8 +169,8 @@ sys.path.append({str(REPO)!r})
 
 def test_plugin_in_a_second_thread_returns_only_once_the_hooks_exist_and_the_runner_it_imports_is_patched():
     # The main thread activates (slowed down in its import of wrapt); meanwhile vLLM's plugin loader calls
-    # register() in another thread, which then imports a second TRIGGERS package (the V2 runner's
-    # vllm.v1.worker.gpu) and uses its target at once: it must find it patched.
+    # register() in another thread, which then imports a target's module (the V2 runner's attn_utils)
+    # and uses its target at once: it must find it patched.
     code = LATE + slow_import("wrapt", "MainThread") + """
 import dspark_hotfix, dspark_hotfix.plugin
 seen = {}
@@ -239,7 +239,7 @@ os.waitpid(pid, 0)
 activating.join()
 print(report)
 """
-    return child(code, path=(STANDIN,), env={"DSPARK_HOTFIX_LOG": "WARNING"})
+    return child(code, path=(STANDIN,))
 
 
 def test_a_child_forked_before_the_first_hook_activates_fully_on_its_own_install():

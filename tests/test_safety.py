@@ -35,7 +35,7 @@ from tests.conftest import (
 
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup\nwarmup.run()\n"
 LOG_LINE = re.compile(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[dspark_hotfix\] ")
-SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "DSPARK_HOTFIX_LOG")
+SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT")
 
 
 @pytest.fixture
