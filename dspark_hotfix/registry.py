@@ -104,6 +104,14 @@ if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging 
     _log.setLevel(logging.INFO)
 
 
+def _say(level: int, text: str) -> None:
+    # This logger exists before vLLM configures logging (activation runs at `import vllm`): a
+    # VLLM_LOGGING_CONFIG_PATH config without disable_existing_loggers=false would disable it and
+    # lose the one line per process. Naming "dspark_hotfix" in that config still sets its level.
+    _log.disabled = False
+    _log.log(level, "%s", text)
+
+
 def _after_fork_in_child() -> None:
     """A child forked while another thread activated gets a fresh lock and, for an
     activation left half-built, none at all (what it had wrapped put back, so that
@@ -142,7 +150,7 @@ def activate(source: str) -> None:
         return
     try:
         for problem in activation.settings.problems if activation.enabled else ():
-            _log.warning("%s", problem)
+            _say(logging.WARNING, problem)
         try:
             import wrapt
         except Exception as exc:  # absent, or broken in this environment
@@ -238,7 +246,7 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
     text = f"{patch.name}: {message}" if patch is not None else message
     if stop or activation.settings.strict:
         raise HotfixError(text) from cause
-    _log.log(level, "%s", text)
+    _say(level, text)
 
 
 def _refuse(module: str, error: str) -> None:
@@ -319,15 +327,15 @@ def _summarize(activation: Activation) -> None:
         activation.summarized = True
     left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
     if left_off:
-        _log.warning("%s leaves off what this vLLM needs: %s", config.PATCHES, ", ".join(left_off))
+        _say(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {', '.join(left_off)}")
     head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}"
     if all(r.needed is False for r in records if not r.patch.guards):  # the guards follow their patches
-        _log.info("%s: not needed on this vLLM (fixed upstream), removable", head)
+        _say(logging.INFO, f"{head}: not needed on this vLLM (fixed upstream), removable")
         return
     words = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed", PENDING: "pending"}
     counts = {s: [r.patch.name + (f" until {r.patch.module} is imported" if s == PENDING else "") for r in records
                   if r.state == s] for s in words}
-    _log.info("%s: %s", head, ", ".join(f"{len(names)} {words[s]}" + (f" ({', '.join(names)})" if s not in (
+    _say(logging.INFO, f"{head}: " + ", ".join(f"{len(names)} {words[s]}" + (f" ({', '.join(names)})" if s not in (
         INSTALLED, NOT_NEEDED) else "") for s, names in counts.items() if names))
 
 

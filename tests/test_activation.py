@@ -345,3 +345,12 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     assert wrapper(*values) == (*values, "corrected")
     assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
     assert wrapper.__wrapped__ is namespace["target"]
+
+
+def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line():
+    # vLLM applies VLLM_LOGGING_CONFIG_PATH with dictConfig while `import vllm` runs, after the
+    # shim activated; dictConfig's default disable_existing_loggers=True would disable its logger.
+    code = 'import logging.config, vllm\nlogging.config.dictConfig({"version": 1})\n' + TARGETS
+    proc = run_python(code)
+    (summary,) = summary_lines(proc.stderr)
+    assert summary.endswith("via sitecustomize: 6 patched")

@@ -25,7 +25,8 @@ try:
 except Exception as exc:  # never break interpreter start
     sys.stderr.write(
         f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
-        f"install it into this interpreter: {sys.executable} -m pip install dspark-hotfix\n"
+        f"install it into this interpreter from a checkout or a wheel built from one: "
+        f"{sys.executable} -m pip install PATH\n"
     )
 else:
     boot(__file__)
