@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import dspark_hotfix
+from dspark_hotfix import ENABLE
 
 EPILOG = """\
 environment:
@@ -97,8 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{command[0]}): {why}; {install_hint(python[0])}", file=sys.stderr)
             return 1
         checked = f"{' '.join(python)} starts it"
+    off = "" if dspark_hotfix.enabled() else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
     print(f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]} with PYTHONPATH={env['PYTHONPATH']} "
-          f"({checked})", file=sys.stderr)
+          f"({checked}{off})", file=sys.stderr)
     try:
         os.execve(path, command, env)
     except OSError as exc:

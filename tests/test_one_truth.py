@@ -184,6 +184,16 @@ def test_run_refuses_an_interpreter_whose_flags_keep_the_shim_out(tmp_path):
     assert "would not be active" in isolated.stderr and "-I" in isolated.stderr, isolated.stderr
 
 
+def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
+    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", "print('ran')"]
+    for switch, said in ((None, ""), ("0", "; DSPARK_HOTFIX='0' turns the hotfix off in it")):
+        env = clean_env(PYTHONPATH=str(REPO), **({"DSPARK_HOTFIX": switch} if switch else {}))
+        proc = run_in_env(command, env, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+        (line,) = [line for line in proc.stderr.splitlines() if ": running " in line]
+        assert line.endswith(f"starts it{said})"), line
+
+
 def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):
     proc = launch(tmp_path, "dspark-hotfix-no-such-command-4711")
     assert proc.returncode == 127
