@@ -87,7 +87,7 @@ class Activation:
         self.records = {p.name: Record(p) for p in ALL}
         self.thread = threading.get_ident()
         self.done = threading.Event()  # every hook is registered (or activation gave up)
-        self.summarized = False
+        self.unsummarized: set[str] | None = None  # after the summary line: the patches it left pending
 
 
 # Guards `_active` and every state change. Never held while wrapt, vLLM's code
@@ -315,27 +315,40 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
     return patched
 
 
+WORDS = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed", PENDING: "pending"}
+
+
 def _summarize(activation: Activation) -> None:
     """One INFO line per process, once every patch is decided, and every guard whose
-    module is imported: the records' states."""
+    module is imported: the records' states. A patch it left pending and decided
+    later gets a line of its own."""
     with _lock:
         records = list(activation.records.values())
-        if activation.summarized or not activation.enabled or any(
-                r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
-                for r in records):
+        if not activation.enabled:
+            return
+        if activation.unsummarized is not None:
+            later = [r for r in records if r.patch.name in activation.unsummarized and r.state != PENDING]
+            activation.unsummarized.difference_update(r.patch.name for r in later)
+        elif any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
+                 for r in records):
             return  # a record whose module is imported has its hook still to run
-        activation.summarized = True
+        else:
+            later, activation.unsummarized = None, {r.patch.name for r in records if r.state == PENDING}
+    head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()})"
+    for r in later or ():
+        _say(logging.INFO, f"{head}: {r.patch.name} {WORDS[r.state]}, now that {r.patch.module} is imported")
+    if later is not None:
+        return
     left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
     if left_off:
         _say(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {', '.join(left_off)}")
-    head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}"
+    head += f" via {activation.source}"
     if all(r.needed is False for r in records if not r.patch.guards):  # the guards follow their patches
         _say(logging.INFO, f"{head}: not needed on this vLLM (fixed upstream), removable")
         return
-    words = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed", PENDING: "pending"}
     counts = {s: [r.patch.name + (f" until {r.patch.module} is imported" if s == PENDING else "") for r in records
-                  if r.state == s] for s in words}
-    _say(logging.INFO, f"{head}: " + ", ".join(f"{len(names)} {words[s]}" + (f" ({', '.join(names)})" if s not in (
+                  if r.state == s] for s in WORDS}
+    _say(logging.INFO, f"{head}: " + ", ".join(f"{len(names)} {WORDS[s]}" + (f" ({', '.join(names)})" if s not in (
         INSTALLED, NOT_NEEDED) else "") for s, names in counts.items() if names))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,7 +140,12 @@ def warning_lines(stderr: str) -> list[str]:
 
 def summary_lines(stderr: str) -> list[str]:
     """The one INFO line per process that says what the shim did there."""
-    return [line for line in log_lines(stderr, "INFO") if line.startswith("dspark_hotfix ")]
+    return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\) via ", line)]
+
+
+def later_lines(stderr: str) -> list[str]:
+    """The INFO lines for patches the summary line left pending, each decided later."""
+    return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\): ", line)]
 
 
 def json_lines(stdout: str) -> list[object]:

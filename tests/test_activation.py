@@ -7,7 +7,17 @@ import shutil
 import pytest
 
 from dspark_hotfix import __version__
-from tests.conftest import REPO, STANDIN, STATUS, last_json, log_lines, run_python, summary_lines, warning_lines
+from tests.conftest import (
+    REPO,
+    STANDIN,
+    STATUS,
+    last_json,
+    later_lines,
+    log_lines,
+    run_python,
+    summary_lines,
+    warning_lines,
+)
 
 # vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
 TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
@@ -78,6 +88,26 @@ def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first
     assert first["kv_view_guard"]["state"] == "pending"
     assert "waiting for the verdicts" in first["kv_view_guard"]["detail"]
     assert then["kv_view_guard"]["state"] == "installed"
+
+
+def test_a_guard_decided_after_the_summary_line_gets_a_line_of_its_own():
+    # The engine core's order on vLLM 0.25.0: KV-cache grouping and the model first, the V2
+    # runner's attn_utils later. The summary line leaves kv_view_guard pending; an operator reading
+    # the log must see it decided too, once, when it is.
+    first = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n"
+    first += "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n"
+    proc = run_python(first + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS)
+    rows = last_json(proc.stdout)
+    pid = rows["kv_view_guard"]["pid"]
+    (summary,) = summary_lines(proc.stderr)
+    assert summary.endswith("5 patched, 1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)")
+    assert later_lines(proc.stderr) == [
+        f"dspark_hotfix {__version__} (pid {pid}): kv_view_guard patched, now that vllm.v1.worker.gpu.attn_utils "
+        "is imported"
+    ]
+    assert rows["kv_view_guard"]["state"] == "installed"
+    # a process that never imports the runner's module says nothing more
+    assert later_lines(run_python(first + STATUS).stderr) == []
 
 
 def test_draft_load_guard_names_the_unloaded_layers_when_the_remap_is_off():
