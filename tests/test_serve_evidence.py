@@ -22,12 +22,17 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     data = json.loads(EVIDENCE.read_text())
     assert data["figures"] == serve.figures(data["sessions"])
     outcomes = data["figures"]["outcomes"]
-    assert [o["outcome"] for o in outcomes["bug"]] == ["exited"] and outcomes["bug"][0]["reported_error"]
+    bug = [o for o in outcomes["bug"] if o["tp"] == "tp1"]
+    assert [o["outcome"] for o in bug] == ["exited"] and bug[0]["reported_error"]
     for arm in ("fixed-launcher", "fixed-plugin"):
         ready = [o for o in outcomes[arm] if o["outcome"] == "ready"]
         assert ready and all(o["shim_summaries"] == o["processes"] >= 2 for o in ready), arm
+    # tensor parallel 2: API server, engine core and two workers, each with its own shim line
+    assert [o["shim_summaries"] for o in outcomes["fixed-plugin"] if o["tp"] == "tp2"] == [4]
     assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"])
-    assert data["figures"]["same_completions"] is True
+    assert data["figures"]["same_completions"] == {"tp1": True, "tp2": True}
+    bench = data["figures"]["bench"]["call43"]
+    assert bench["failed"] == 0 and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
 
 
 def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_completions(serve):
@@ -37,11 +42,11 @@ def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_comple
     counters = server["probe"]["spec_decode_metrics"]
     key = next(k for k in counters if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
     counters[key] += 1
-    assert serve.figures(sessions)["same_completions"] is False
+    assert serve.figures(sessions)["same_completions"] == {"tp1": False, "tp2": True}
 
 
 def _run(arm, rep, rate, compiles=0, phase="timed"):
-    result = {"output_throughput": rate, "failed": 0, "completed": 64}
+    result = {"output_throughput": rate, "failed": 0, "completed": 64, "spec_decode_accepted_tokens": 100 + rep}
     return {"arm": arm, "phase": phase, "rep": rep, "jit_compiles": compiles, "result": result}
 
 
@@ -56,6 +61,9 @@ def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_
     assert low < 1.0 < high and high - low < 0.05
     assert ratio["all"]["pairs"] == 4 and ratio["all"]["ratio"] == pytest.approx(0.875)
     assert ratio["jit_compiles"]["fixed-plugin"] == [0, 0, 2, 0]
+    assert ratio["pairs_with_the_same_spec_decode"] == 4
+    runs[1]["result"]["spec_decode_accepted_tokens"] += 1
+    assert serve.bench_ratio(runs)["pairs_with_the_same_spec_decode"] == 3
     assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
 
 
@@ -72,18 +80,24 @@ def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
     assert all("DSPARK_HOTFIX" not in env for arm, (env, _) in envs.items() if arm != "bug")
     assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(Path("m"), "shim-hma-off", 1, 1, 0.4)
     assert "--disable-hybrid-kv-cache-manager" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
+    # tensor parallelism all-reduces through NCCL only: no NVLink multicast on a shared host
+    assert "--disable-custom-all-reduce" in serve.serve_command(Path("m"), "baseline", 1, 2, 0.4)
+    assert "--disable-custom-all-reduce" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
+    assert all(env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and env["NCCL_NVLS_ENABLE"] == "0" for env, _ in envs.values())
 
 
-def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_reported_error(serve):
+def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_its_shutdown(serve):
     log = "\n".join([
         "(APIServer pid=10) INFO 12-01 06:34:49 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 10) via sitecustomize: "
         "4 patched, 2 pending (...)",
         "INFO 12-01 06:35:13 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 11) via sitecustomize: 5 patched, 1 pending",
         "(EngineCore pid=11) ERROR 12-01 06:32:00 [core.py:1231] RuntimeError: kv must have shape "
         "(num_blocks, page_block_size, h_kv, bytes_per_token)",
+        "(APIServer pid=10) INFO 12-01 09:34:50 [launcher.py:100] [shutdown] API server: shutdown triggered",
+        "(APIServer pid=10) ERROR 12-01 09:34:50 [async_llm.py:704] vllm.v1.engine.exceptions.EngineDeadError: ...",
     ])  # fmt: skip
-    facts = serve.log_facts(log)
-    assert facts["processes"] == ["APIServer 10", "EngineCore 11"]
+    facts = serve.log_facts(log + "\n(Worker pid=12) INFO starting\n(Worker_TP0 pid=12) INFO ready")
+    assert facts["processes"] == ["APIServer 10", "EngineCore 11", "Worker_TP0 12"]
     assert facts["shim_summary_pids"] == [10, 11]
     assert facts["reported_error"] is True
     assert facts["first_error"].startswith("RuntimeError: kv must have shape")
