@@ -332,8 +332,10 @@ def _summarize(activation: Activation) -> None:
         elif any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
                  for r in records):
             return  # a record whose module is imported has its hook still to run
-        else:
-            later, activation.unsummarized = None, {r.patch.name for r in records if r.state == PENDING}
+        else:  # after "removable" the guards, which follow their patches, need no word of their own
+            removable = all(r.needed is False for r in records if not r.patch.guards)
+            later = None
+            activation.unsummarized = set() if removable else {r.patch.name for r in records if r.state == PENDING}
     head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()})"
     for r in later or ():
         _say(logging.INFO, f"{head}: {r.patch.name} {WORDS[r.state]}, now that {r.patch.module} is imported")
@@ -343,7 +345,7 @@ def _summarize(activation: Activation) -> None:
     if left_off:
         _say(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {', '.join(left_off)}")
     head += f" via {activation.source}"
-    if all(r.needed is False for r in records if not r.patch.guards):  # the guards follow their patches
+    if removable:
         _say(logging.INFO, f"{head}: not needed on this vLLM (fixed upstream), removable")
         return
     counts = {s: [r.patch.name + (f" until {r.patch.module} is imported" if s == PENDING else "") for r in records
