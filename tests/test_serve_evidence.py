@@ -101,3 +101,48 @@ def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_i
     assert facts["shim_summary_pids"] == [10, 11]
     assert facts["reported_error"] is True
     assert facts["first_error"].startswith("RuntimeError: kv must have shape")
+
+
+FAKE_VLLM = """#!{python}
+import http.server, os, signal, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print(f"(EngineCore pid={{os.getpid()}}) INFO deep_gemm_warmup={{os.environ.get('VLLM_DEEP_GEMM_WARMUP')}}", flush=True)
+time.sleep(1)
+print(f"(EngineCore pid={{os.getpid()}}) INFO [kv_cache_utils.py:2146] GPU KV cache size: 100 tokens", flush=True)
+signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *_):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(serve, tmp_path):
+    # What runs on the GPU machine around `vllm serve`, here with a stand-in `vllm` on the arm's PATH.
+    import argparse
+    import socket
+    import sys
+
+    e2e = serve._e2e()
+    e2e.DEVICE_ROOT = tmp_path
+    (tmp_path / "serve-bin").mkdir()
+    fake = tmp_path / "serve-bin" / "vllm"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = argparse.Namespace(model_dir=tmp_path, tp=1, deep_gemm_warmup="relax")
+    server = serve.Server(e2e, tmp_path, "01-baseline", "baseline", port, args, 0.4)
+    try:
+        assert server.wait_for("GPU KV cache size", 30)  # the next bench server starts here
+        assert server.wait_ready(30) == "ready"
+    finally:
+        server.stop()
+    log = (tmp_path / "01-baseline.log").read_text()
+    assert "deep_gemm_warmup=relax" in log and server.record["deep_gemm_warmup"] == "relax"
+    assert server.record["exit_code"] == 0 and server.record["processes"] == [f"EngineCore {server.proc.pid}"]
+    assert not server.wait_for("never logged", 5)  # a server that has exited is not waited for
