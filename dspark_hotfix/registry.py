@@ -326,20 +326,22 @@ def _summarize(activation: Activation) -> None:
         records = list(activation.records.values())
         if not activation.enabled:
             return
-        if activation.unsummarized is not None:
+        first = activation.unsummarized is None
+        if activation.unsummarized is None:
+            if any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
+                   for r in records):
+                return  # a record whose module is imported has its hook still to run
+            removable = all(r.needed is False for r in records if not r.patch.guards)
+            # after "removable" the guards, which follow their patches, need no line of their own
+            activation.unsummarized = set() if removable else {r.patch.name for r in records if r.state == PENDING}
+            later = []
+        else:
             later = [r for r in records if r.patch.name in activation.unsummarized and r.state != PENDING]
             activation.unsummarized.difference_update(r.patch.name for r in later)
-        elif any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
-                 for r in records):
-            return  # a record whose module is imported has its hook still to run
-        else:  # after "removable" the guards, which follow their patches, need no word of their own
-            removable = all(r.needed is False for r in records if not r.patch.guards)
-            later = None
-            activation.unsummarized = set() if removable else {r.patch.name for r in records if r.state == PENDING}
     head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()})"
-    for r in later or ():
+    for r in later:
         _say(logging.INFO, f"{head}: {r.patch.name} {WORDS[r.state]}, now that {r.patch.module} is imported")
-    if later is not None:
+    if not first:
         return
     left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
     if left_off:

@@ -143,6 +143,12 @@ def summary_lines(stderr: str) -> list[str]:
     return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\) via ", line)]
 
 
+# The engine core's import order on vLLM 0.25.0: KV-cache grouping and the model's targets first,
+# the V2 runner's attn_utils (kv_view_guard's module) after the summary line.
+ENGINE_CORE_FIRST = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n"
+                     "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n")
+
+
 def later_lines(stderr: str) -> list[str]:
     """The INFO lines for patches the summary line left pending, each decided later."""
     return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\): ", line)]

@@ -8,6 +8,7 @@ import pytest
 
 from dspark_hotfix import __version__
 from tests.conftest import (
+    ENGINE_CORE_FIRST,
     REPO,
     STANDIN,
     STATUS,
@@ -94,8 +95,7 @@ def test_a_guard_decided_after_the_summary_line_gets_a_line_of_its_own():
     # The engine core's order on vLLM 0.25.0: KV-cache grouping and the model first, the V2
     # runner's attn_utils later. The summary line leaves kv_view_guard pending; an operator reading
     # the log must see it decided too, once, when it is.
-    first = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n"
-    first += "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n"
+    first = ENGINE_CORE_FIRST
     proc = run_python(first + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS)
     rows = last_json(proc.stdout)
     pid = rows["kv_view_guard"]["pid"]

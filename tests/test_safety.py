@@ -15,6 +15,7 @@ import sysconfig
 import pytest
 
 from tests.conftest import (
+    ENGINE_CORE_FIRST,
     FIXED,
     IMPORT_ALL,
     REPO,
@@ -225,15 +226,12 @@ def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
 def test_on_a_fixed_vllm_the_removable_line_is_the_only_one_in_the_engine_cores_order(fixed_standin):
     # The summary comes before the V2 runner's attn_utils: kv_view_guard is decided after it, and
     # follows its patches (not needed) without a line of its own.
-    code = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n" \
-           "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n" \
-           "import vllm.v1.worker.gpu.attn_utils\n" + STATUS
+    code = ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS
     proc = run_python(code, path=(REPO, fixed_standin))
     rows = json_lines(proc.stdout)[-1]
     assert rows["kv_view_guard"]["state"] == "not_needed"
     assert [line.split("[dspark_hotfix] ")[1] for line in proc.stderr.splitlines()] == summary_lines(proc.stderr)
     assert summary_lines(proc.stderr)[0].endswith("removable")
-
 
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}
