@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,16 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert [o["shim_summaries"] for o in outcomes["fixed-plugin"] if o["tp"] == "tp2"] == [4]
     assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"])
     assert data["figures"]["same_completions"] == {"tp1": True, "tp2": True}
+    # the hybrid KV cache manager off: unmodified 0.25.0 dies with the reported error; with the shim
+    # it stops at KV-cache grouping with the cause, every process having logged its line
+    servers = {s["arm"]: s for session in data["sessions"] for s in session["summary"]["servers"]}
+    assert [o["outcome"] for o in outcomes["baseline-hma-off"]] == ["exited"]
+    assert servers["baseline-hma-off"]["reported_error"]
+    assert [(o["outcome"], o["shim_summaries"]) for o in outcomes["shim-hma-off"]] == [("exited", 2)]
+    stop = servers["shim-hma-off"]["first_error"]
+    assert stop.startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: ")
+    assert "hybrid KV cache manager" in stop
+    assert not servers["shim-hma-off"]["reported_error"]
     bench = data["figures"]["bench"]["call43"]
     assert bench["failed"] == 0 and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
 
@@ -65,6 +76,38 @@ def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_
     runs[1]["result"]["spec_decode_accepted_tokens"] += 1
     assert serve.bench_ratio(runs)["pairs_with_the_same_spec_decode"] == 3
     assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
+
+
+def test_an_arms_spread_is_over_its_runs_that_compiled_nothing(serve):
+    runs = [_run("fixed-plugin", rep, rate, compiles=9 if rate == 10.0 else 0) for rep, rate in
+            enumerate([100.0, 110.0, 10.0, 90.0])] + [_run("baseline", 0, 100.0)]  # fmt: skip
+    spread = serve.bench_ratio(runs)["clean_spread"]
+    assert spread == {"fixed-plugin": 0.2, "baseline": None}
+
+
+def test_the_bench_pins_the_client_and_each_server_to_cores_of_their_own(serve):
+    client, servers = serve.cpu_sets(list(range(16)), 2)
+    assert client == [14, 15] and servers == [[0, 1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13]]
+    client, servers = serve.cpu_sets([2, 3, 5, 8, 9, 11], 2)
+    assert client == [9, 11] and servers == [[2, 3], [5, 8]]
+
+
+def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
+    import datetime
+
+    def stamp(second: float) -> str:
+        return datetime.datetime.fromtimestamp(1_800_000_000 + second).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+    samples = "\n".join([f"{stamp(0.5)}, 1980, 300.00", f"{stamp(1.0)}, 1500, 400.00", f"{stamp(2.5)}, 1980, 500.0",
+                         f"{stamp(9.0)}, [N/A], 1.0", "not a sample"])  # fmt: skip
+    runs = [
+        {"cost": {"epoch": [1_800_000_000.4, 1_800_000_001.1]}},
+        {"cost": {"epoch": [1_800_000_008, 1_800_000_010]}},
+        {"result": {}},
+    ]
+    serve.gpu_during(runs, samples)
+    assert runs[0]["cost"]["gpu"] == {"samples": 2, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0, "power_w_mean": 350.0}
+    assert "gpu" not in runs[1]["cost"] and runs[2] == {"result": {}}  # no usable sample in its span; no span
 
 
 def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
@@ -106,7 +149,8 @@ def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_i
 FAKE_VLLM = """#!{python}
 import http.server, os, signal, sys, time
 port = int(sys.argv[sys.argv.index("--port") + 1])
-print(f"(EngineCore pid={{os.getpid()}}) INFO deep_gemm_warmup={{os.environ.get('VLLM_DEEP_GEMM_WARMUP')}}", flush=True)
+print(f"(EngineCore pid={{os.getpid()}}) INFO deep_gemm_warmup={{os.environ.get('VLLM_DEEP_GEMM_WARMUP')}} "
+      f"cpus={{sorted(os.sched_getaffinity(0))}}", flush=True)
 time.sleep(1)
 print(f"(EngineCore pid={{os.getpid()}}) INFO [kv_cache_utils.py:2146] GPU KV cache size: 100 tokens", flush=True)
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
@@ -136,7 +180,8 @@ def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     args = argparse.Namespace(model_dir=tmp_path, tp=1, deep_gemm_warmup="relax")
-    server = serve.Server(e2e, tmp_path, "01-baseline", "baseline", port, args, 0.4)
+    core = sorted(os.sched_getaffinity(0))[-1:]
+    server = serve.Server(e2e, tmp_path, "01-baseline", "baseline", port, args, 0.4, core)
     try:
         assert server.wait_for("GPU KV cache size", 30)  # the next bench server starts here
         assert server.wait_ready(30) == "ready"
@@ -144,5 +189,6 @@ def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process
         server.stop()
     log = (tmp_path / "01-baseline.log").read_text()
     assert "deep_gemm_warmup=relax" in log and server.record["deep_gemm_warmup"] == "relax"
+    assert f"cpus={core}" in log and server.record["cpus"] == core  # pinned where the bench puts it
     assert server.record["exit_code"] == 0 and server.record["processes"] == [f"EngineCore {server.proc.pid}"]
     assert not server.wait_for("never logged", 5)  # a server that has exited is not waited for

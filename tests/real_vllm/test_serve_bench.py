@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import threading
 import time
@@ -44,11 +45,12 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:  # /metrics: 2 drafts of 5 tokens and 1 accepted per request so far
+    def do_GET(self) -> None:  # /metrics: 2 drafts of 5 tokens, 1 accepted and 3 engine steps per request so far
         with self.server.lock:
             n = len(self.server.prompts)
         body = (f"vllm:spec_decode_num_drafts_total {2 * n}\nvllm:spec_decode_num_draft_tokens_total {10 * n}\n"
-                f"vllm:spec_decode_num_accepted_tokens_total {n}\n").encode()  # fmt: skip
+                f"vllm:spec_decode_num_accepted_tokens_total {n}\n"
+                f'vllm:iteration_tokens_total_count{{engine="0"}} {3 * n}\n').encode()  # fmt: skip
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -80,8 +82,10 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     model, cache = tmp_path / "model", tmp_path / "cache"
     model.mkdir()
     cache.mkdir()
-    write = f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.scripts import load_script; " \
-            f"from pathlib import Path; load_script('serve-h200').write_tokenizer(Path({str(model)!r}), 2000)"
+    write = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.scripts import load_script; "
+        f"from pathlib import Path; load_script('serve-h200').write_tokenizer(Path({str(model)!r}), 2000)"
+    )
     subprocess.run([str(python), "-c", write], env=clean_env(), check=True, capture_output=True)
     # baseline compiles twice in its first warm-up; fixed-plugin once in its second timed run
     # (its requests 16 to 23: one warm-up of 8, then timed runs 0 and 1).
@@ -89,10 +93,10 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     for server in servers.values():
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        plan = {"arms": [{"arm": arm, "port": s.server_port, "log": str(tmp_path / f"{arm}.log")}
-                         for arm, s in servers.items()],
+        plan = {"arms": [{"arm": arm, "port": s.server_port, "log": str(tmp_path / f"{arm}.log"),
+                          "pgid": os.getpgid(0)} for arm, s in servers.items()],
                 "reps": 2, "max_warmups": 4, "load": LOAD, "model": str(model), "jit_cache": str(cache),
-                "warmups_end": time.time() + 600}  # fmt: skip
+                "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600}  # fmt: skip
         for arm in plan["arms"]:
             Path(arm["log"]).write_text("")
         out = tmp_path / "bench.json"
@@ -116,7 +120,15 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
                for i in range(0, len(s.prompts), LOAD["prompts"])]  # fmt: skip
     assert len(per_run) == len(runs) and all(prompts == per_run[0] for prompts in per_run)
     assert len(set(per_run[0])) == LOAD["prompts"]  # and they are 8 different prompts
+    # Each run's cost: the stand-ins' engine steps counted from /metrics, the CPU of the servers'
+    # process group (this one, whose threads serve them) and of the client, the host's shares.
+    assert {r["cost"]["engine_steps"] for r in runs} == {3 * LOAD["prompts"]}
+    assert all(sum(r["cost"]["server_cpu_s"].values()) >= 0 and r["cost"]["server_cpu_s"] for r in runs)
+    assert all(r["cost"]["client_cpu_s"] > 0 and 0 <= r["cost"]["host_steal"] <= r["cost"]["host_busy"] <= 1
+               and r["cost"]["epoch"][0] < r["cost"]["epoch"][1] for r in runs)  # fmt: skip
     ratio = serve.bench_ratio(runs)
     assert (ratio["all"]["pairs"], ratio["clean"]["pairs"]) == (2, 1)  # pair 1 compiled: out of `clean`
     assert ratio["jit_compiles"] == {"fixed-plugin": [0, 1], "baseline": [0, 0]}
     assert ratio["pairs_with_the_same_spec_decode"] == 2 and ratio["failed"] == 0
+    assert ratio["engine_steps"] == {"fixed-plugin": [3 * LOAD["prompts"]] * 2, "baseline": [3 * LOAD["prompts"]] * 2}
+    assert set(ratio["clean_spread"]) == {"fixed-plugin", "baseline"} and ratio["clean_spread"]["fixed-plugin"] is None
