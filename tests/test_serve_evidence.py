@@ -42,8 +42,33 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert stop.startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: ")
     assert "hybrid KV cache manager" in stop
     assert not servers["shim-hma-off"]["reported_error"]
+    # call 47: one wave per run, pinned; every run made the same batches and every pair decoded alike
+    bench = data["figures"]["bench"]["call47"]
+    assert bench["all"] == bench["clean"] and bench["clean"]["pairs"] == 10 and bench["failed"] == 0
+    low, high = bench["clean"]["ci95"]
+    assert low < 1.0 < high  # no cost shown; not resolved to the goal's 0.02 either (the CPU drift below)
+    steps = [n for arm in bench["engine_steps"].values() for n in arm]
+    assert max(steps) - min(steps) <= 1 and bench["pairs_with_the_same_spec_decode"] == 10
     bench = data["figures"]["bench"]["call43"]
     assert bench["failed"] == 0 and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
+
+
+def test_the_committed_cpu_drift_holds_the_figures_of_its_own_rates(serve):
+    # call 48: the same Python work on the two engine cores of the bench, side by side, idle machine
+    drift = json.loads((ROOT / "docs" / "evidence" / "serve-h200-logs" / "call48-cpu-drift.json").read_text())
+    assert {k: drift[k] for k in ("rates", "spread", "side_by_side_spread", "correlation")} == serve.drift_figures(
+        drift["rates"]
+    )
+    assert drift["windows"] == len(drift["rates"][0]) == len(drift["rates"][1]) >= 20
+
+
+def test_cpu_drift_times_the_same_work_on_two_cores_window_by_window(serve, tmp_path):
+    import argparse
+
+    serve.cpu_drift(argparse.Namespace(seconds=2.5, window=0.5, out=str(tmp_path)))
+    drift = json.loads((tmp_path / "cpu-drift.json").read_text())
+    assert drift["windows"] >= 3 and all(len(r) == drift["windows"] and min(r) > 0 for r in drift["rates"])
+    assert len(drift["cores"]) == 2 and drift["side_by_side_spread"] >= 0 and -1 <= drift["correlation"] <= 1
 
 
 def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_completions(serve):
