@@ -327,7 +327,7 @@ def _summarize(activation: Activation) -> None:
         if not activation.enabled:
             return
         first = activation.unsummarized is None
-        if first:
+        if activation.unsummarized is None:  # (not `first`: mypy narrows the set on this test alone)
             if any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
                    for r in records):
                 return  # a record whose module is imported has its hook still to run
