@@ -72,6 +72,7 @@ class Record:
         self.patch, self.state, self.detail = patch, state, detail or f"waiting for {patch.module}"
         self.needed: bool | None = None  # after the decision: None when it could not be judged
         self.corrections = 0
+        self.calls = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.module: Any = None  # a guard's module, once imported
         self.target: tuple[Any, str, Any] | None = None  # owner, name and vLLM's function, once wrapped
         self.warned = False
@@ -284,6 +285,7 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
+        record.calls += 1
         answers: list[Any] = []
 
         def vllm(*a: Any, **kw: Any) -> Any:
@@ -377,7 +379,7 @@ def status() -> dict[str, Any]:
         "strict": (activation.settings if activation is not None else config.Settings(p.name for p in ALL)).strict,
         "patches": [
             {"name": r.patch.name, "target": r.patch.target, "state": r.state, "needed": r.needed,
-             "corrections": r.corrections, "detail": r.detail}
+             "calls": r.calls, "corrections": r.corrections, "detail": r.detail}
             for r in records
         ],
     }

@@ -19,6 +19,7 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
+from tests.standin.warmup import CHECKPOINT
 
 # vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
 TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
@@ -135,9 +136,12 @@ def test_draft_load_guard_stops_the_load_in_strict_mode():
     assert "HotfixError: draft_load_coverage: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
 
 
-def test_corrections_are_counted():
+def test_corrections_and_calls_are_counted():
     rows = last_json(run_python(WARMUP + "\n" + STATUS).stdout)
     assert (rows["swa_kv_cache_spec"]["corrections"], rows["remap_dspark_name"]["corrections"]) == (4, 6)
+    # every call of a wrapper is counted, the ones whose answer was right unchanged too
+    assert (rows["swa_kv_cache_spec"]["calls"], rows["remap_dspark_name"]["calls"]) == (4, len(CHECKPOINT))
+    assert rows["kv_cache_groups"]["calls"] == 1  # the engine groups its KV caches once
 
 
 def test_off_means_nothing_is_wrapped_and_nothing_is_said():

@@ -10,7 +10,7 @@ from tests.conftest import REPO, STANDIN, run_python
 
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
 STARTUP = REPO / "dspark_hotfix" / "startup"
-FIELDS = {"name", "target", "state", "needed", "corrections", "detail"}
+FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 
 
 def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):

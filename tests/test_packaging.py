@@ -206,4 +206,4 @@ def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
     for report in (json.loads(doctor.stdout), json.loads(status.stdout)):
         assert report["verdict"] == "not_needed" and report["schema"] == 1
         assert {p["state"] for p in report["patches"]} == {"not_needed"}
-        assert set(report["patches"][0]) == {"name", "target", "state", "needed", "corrections", "detail"}
+        assert set(report["patches"][0]) == {"name", "target", "state", "needed", "calls", "corrections", "detail"}
