@@ -217,3 +217,105 @@ def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process
     assert f"cpus={core}" in log and server.record["cpus"] == core  # pinned where the bench puts it
     assert server.record["exit_code"] == 0 and server.record["processes"] == [f"EngineCore {server.proc.pid}"]
     assert not server.wait_for("never logged", 5)  # a server that has exited is not waited for
+
+
+FAKE_SERVER = """#!{python}
+import http.server, multiprocessing, os, signal, sys, time
+
+def start():  # what vLLM's plugin loader does in each process it starts, then the model vLLM builds
+    import vllm
+    from dspark_hotfix import plugin
+    plugin.register()
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+    return DSparkDeepseekV4ForCausalLM()
+
+def engine_core(ready):  # a spawned child, as vLLM starts its engine core: two calls at start-up
+    model = start()
+    for stage in (0, 1):
+        model._remap_dspark_name(f"mtp.{{stage}}.attn.wkv.weight")
+    print(f"(EngineCore pid={{os.getpid()}}) INFO GPU KV cache size: 100 tokens", flush=True)
+    ready.set()
+    time.sleep(3600)
+
+def helper():  # imports vLLM, no plugin: a process without the shim
+    import vllm
+    time.sleep(3600)
+
+if __name__ == "__main__":
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    model = start()
+    model._remap_dspark_name("mtp.2.attn.wkv.weight")
+    print(f"(APIServer pid={{os.getpid()}}) INFO starting", flush=True)
+    spawn = multiprocessing.get_context("spawn")
+    ready = spawn.Event()
+    for target, args in ((engine_core, (ready,)), (helper, ())):
+        spawn.Process(target=target, args=args, daemon=True).start()
+    ready.wait(60)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/v1/serve":  # a request whose handling calls a wrapped function
+                model._remap_dspark_name("mtp.0.attn.wkv.weight")
+            self.send_response(200)
+            self.end_headers()
+        def log_message(self, *_):
+            pass
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(serve, tmp_path):
+    # The counts hook as the GPU machine runs it: a .pth in the interpreter's own site directory (here
+    # a fresh venv's), the `fixed-plugin` arm's PYTHONPATH (the stand-in build in place of the
+    # reverted copy), the shim activated by the plugin function alone, in the server and in its spawned
+    # children; the hook never activates it (the helper imports vLLM and has no shim).
+    import argparse
+    import socket
+    import subprocess
+    import sys
+    import sysconfig
+    import urllib.request
+
+    from tests.conftest import STANDIN
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    pth = serve.install_counts_hook(site_dir, tmp_path / "counts-hook")
+    assert pth.parent == site_dir
+    e2e = serve._e2e()
+    e2e.DEVICE_ROOT = tmp_path
+    (tmp_path / "shim-site").mkdir()
+    (tmp_path / "shim-site" / "dspark_hotfix").symlink_to(ROOT / "dspark_hotfix")
+    (tmp_path / "vllm-rev").symlink_to(STANDIN)
+    (tmp_path / "deps").symlink_to(sysconfig.get_paths()["purelib"])  # wrapt
+    (tmp_path / "serve-bin").mkdir()
+    fake = tmp_path / "serve-bin" / "vllm"
+    fake.write_text(FAKE_SERVER.format(python=python))
+    fake.chmod(0o755)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = argparse.Namespace(model_dir=tmp_path, tp=1, deep_gemm_warmup="relax")
+    server = serve.Server(e2e, tmp_path, "02-fixed-plugin", "fixed-plugin", port, args, 0.4)
+    try:
+        assert server.wait_ready(60) == "ready"
+        ready = server.shim_calls("ready")
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/serve", timeout=10).read()
+        # a later call takes the running server over (--keep-servers, then --attach), reads and stops it
+        attached = serve.Server.attach(json.loads(json.dumps(server.kept())))
+        attached.shim_calls("after-bench")
+        attached.stop()
+        assert not attached.alive() and server.proc.wait(5) == 0
+    finally:
+        server.stop()
+    server.record = attached.record
+    assert "counts-hook" not in server.record["python_path"]  # nothing of the hook's on the arm's path
+    figure = serve.shim_calls(server.record)
+    api, core = (name.split()[1] for name in server.record["processes"])
+    assert figure["logged_processes"] == sorted([api, core]) and len(ready) == 3  # and the helper
+    assert figure["with_the_shim"] == {"ready": sorted([api, core]), "after-bench": sorted([api, core])}
+    assert figure["activated_by"] == ["vllm-plugin"]
+    assert figure["at_ready"]["remap_dspark_name"] == 3 and sum(figure["at_ready"].values()) == 3
+    assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1

@@ -96,7 +96,8 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
         plan = {"arms": [{"arm": arm, "port": s.server_port, "log": str(tmp_path / f"{arm}.log"),
                           "pgid": os.getpgid(0)} for arm, s in servers.items()],
                 "reps": 2, "max_warmups": 4, "load": LOAD, "model": str(model), "jit_cache": str(cache),
-                "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600}  # fmt: skip
+                "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600,
+                "first_rep": 2, "end": time.time() + 600}  # a second call on the same servers: pairs 2 and 3  # fmt: skip
         for arm in plan["arms"]:
             Path(arm["log"]).write_text("")
         out = tmp_path / "bench.json"
@@ -111,8 +112,8 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     assert [(r["arm"], r["phase"], r["rep"], r["jit_compiles"]) for r in runs] == [
         ("baseline", "warmup", 100, 2), ("baseline", "warmup", 101, 0),  # until a run compiles nothing
         ("fixed-plugin", "warmup", 100, 0),
-        ("baseline", "timed", 0, 0), ("fixed-plugin", "timed", 0, 0),  # A B
-        ("fixed-plugin", "timed", 1, 1), ("baseline", "timed", 1, 0),  # B A
+        ("baseline", "timed", 2, 0), ("fixed-plugin", "timed", 2, 0),  # A B
+        ("fixed-plugin", "timed", 3, 1), ("baseline", "timed", 3, 0),  # B A
     ]  # fmt: skip
     assert {(r["result"]["completed"], r["result"]["failed"]) for r in runs} == {(LOAD["prompts"], 0)}
     # One seed: every run of either server sent the same prompts.
