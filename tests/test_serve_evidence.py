@@ -30,8 +30,15 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
         assert ready and all(o["shim_summaries"] == o["processes"] >= 2 for o in ready), arm
     # tensor parallel 2: API server, engine core and two workers, each with its own shim line
     assert [o["shim_summaries"] for o in outcomes["fixed-plugin"] if o["tp"] == "tp2"] == [4]
-    assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"])
-    assert data["figures"]["same_completions"] == {"tp1": True, "tp2": True}
+    # every baseline server came up, but call 50's: it still captured CUDA graphs when that call's
+    # budget ended (it had waited out DeepGEMM's start-up warm-up on a cold cache in call 49)
+    assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"]
+               if o["server"] != "call50-01-baseline")  # fmt: skip
+    assert [o["outcome"] for o in outcomes["baseline"] if o["server"] == "call50-01-baseline"] == ["timeout"]
+    # CUDA graphs (calls 49 on) are compared with each other; their probe gave the eager servers' texts too
+    assert data["figures"]["same_completions"] == {"tp1": True, "tp1-cudagraph": True, "tp2": True}
+    assert data["figures"]["probes"]["tp1-cudagraph"] == {arm: data["figures"]["probes"]["tp1"]["baseline"]
+                                                          for arm in ("baseline", "fixed-plugin")}  # fmt: skip
     # the hybrid KV cache manager off: unmodified 0.25.0 dies with the reported error; with the shim
     # it stops at KV-cache grouping with the cause, every process having logged its line
     servers = {s["arm"]: s for session in data["sessions"] for s in session["summary"]["servers"]}
@@ -51,6 +58,37 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert max(steps) - min(steps) <= 1 and bench["pairs_with_the_same_spec_decode"] == 10
     bench = data["figures"]["bench"]["call43"]
     assert bench["failed"] == 0 and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
+    # call 52, CUDA graphs, 128 at 128: one pair, both runs compiling (TileLang, new shapes): no clean pair
+    bench = data["figures"]["bench"]["call52"]
+    assert bench["all"]["pairs"] == 1 and bench["clean"] == {"pairs": 0} and bench["failed"] == 0
+    assert all(n > 0 for arm in bench["jit_compiles"].values() for n in arm)
+    assert bench["pairs_with_the_same_spec_decode"] == 1 and bench["completed"] == {"fixed-plugin": [128],
+                                                                                    "baseline": [128]}
+    # the engine core no longer busy for the whole run, as in call 47's eager runs (1.015 to 1.019)
+    assert all(share[1] < 0.6 for share in (b["engine_core_cpu_share"] for b in bench["bounds"].values()))
+    assert all(b["engine_core_cpu_share"][0] > 1.0 for b in data["figures"]["bench"]["call47"]["bounds"].values())
+
+
+def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benchmark():
+    data = json.loads(EVIDENCE.read_text())
+    counts = data["figures"]["shim_calls"]
+    fixed, baseline = counts["call52-02-fixed-plugin"], counts["call52-01-baseline"]
+    for figure in (fixed, baseline):  # every process vLLM's log names answered at ready and after the benchmark
+        assert all(answered == figure["logged_processes"] for answered in figure["answered"].values())
+        assert len(figure["logged_processes"]) == 2 and len(figure["answered"]) == 2
+    # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at start-up
+    assert all(pids == fixed["logged_processes"] for pids in fixed["with_the_shim"].values())
+    assert fixed["activated_by"] == ["vllm-plugin"]
+    assert fixed["at_ready"] == {"attention_kv_cache_spec": 7, "swa_kv_cache_spec": 7, "kv_cache_groups": 1,
+                                 "kv_view_guard": 1, "remap_dspark_name": 0, "draft_load_coverage": 0}  # fmt: skip
+    (after,) = fixed["added_after_ready"].values()
+    assert after == dict.fromkeys(fixed["logged_processes"], 0) and fixed["serving_calls"] == 0
+    # baseline: no shim anywhere (the hook reads the shim, it never starts it)
+    assert all(pids == [] for pids in baseline["with_the_shim"].values()) and baseline["at_ready"] == {}
+    # what the benchmark between the two readings sent to the fixed server: every run's requests completed
+    session = next(s for s in data["sessions"] if s["source"] == "call52")["summary"]
+    runs = [r for r in session["bench_runs"] if r["arm"] == "fixed-plugin"]
+    assert len(runs) == 2 and all(r["result"]["completed"] == 128 for r in runs)
 
 
 def test_the_committed_cpu_drift_holds_the_figures_of_its_own_rates(serve):
@@ -78,7 +116,7 @@ def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_comple
     counters = server["probe"]["spec_decode_metrics"]
     key = next(k for k in counters if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
     counters[key] += 1
-    assert serve.figures(sessions)["same_completions"] == {"tp1": False, "tp2": True}
+    assert serve.figures(sessions)["same_completions"] == {"tp1": False, "tp1-cudagraph": True, "tp2": True}
 
 
 def _run(arm, rep, rate, compiles=0, phase="timed"):
@@ -231,6 +269,8 @@ def start():  # what vLLM's plugin loader does in each process it starts, then t
 
 def engine_core(ready):  # a spawned child, as vLLM starts its engine core: two calls at start-up
     model = start()
+    import site, sysconfig  # adding a site directory again runs its .pth files again
+    site.addsitedir(sysconfig.get_paths()["purelib"])
     for stage in (0, 1):
         model._remap_dspark_name(f"mtp.{{stage}}.attn.wkv.weight")
     print(f"(EngineCore pid={{os.getpid()}}) INFO GPU KV cache size: 100 tokens", flush=True)
@@ -317,5 +357,6 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     assert figure["logged_processes"] == sorted([api, core]) and len(ready) == 3  # and the helper
     assert figure["with_the_shim"] == {"ready": sorted([api, core]), "after-bench": sorted([api, core])}
     assert figure["activated_by"] == ["vllm-plugin"]
+    assert {p["hooks"] for p in ready.values()} == {1}  # one watcher in each process, the engine core's too
     assert figure["at_ready"]["remap_dspark_name"] == 3 and sum(figure["at_ready"].values()) == 3
     assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1

@@ -97,7 +97,8 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
                           "pgid": os.getpgid(0)} for arm, s in servers.items()],
                 "reps": 2, "max_warmups": 4, "load": LOAD, "model": str(model), "jit_cache": str(cache),
                 "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600,
-                "first_rep": 2, "end": time.time() + 600}  # a second call on the same servers: pairs 2 and 3  # fmt: skip
+                "first_rep": 2, "end": time.time() + 600}  # fmt: skip
+        # first_rep: a second call on the same servers (--attach) numbers its pairs on, here 2 and 3
         for arm in plan["arms"]:
             Path(arm["log"]).write_text("")
         out = tmp_path / "bench.json"
