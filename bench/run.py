@@ -184,6 +184,10 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
     runs = interleaved({arm: ([python, "-c", "pass"], env) for arm, env in arms.items()}, rounds, warmup)
     wall, rss = column(runs, 0, 1e3), column(runs, 2)
     wall_ratio = ratio(wall["A"], wall["B"])
+    # The measurement's own noise: the same figure over each third of the rounds, in the order they ran.
+    # The load of a shared machine changes between them; the bootstrap interval covers sampling alone.
+    third = rounds // 3
+    thirds = [ratio(wall["A"][i * third:(i + 1) * third], wall["B"][i * third:(i + 1) * third])[0] for i in range(3)]
     rss_delta = statistics.median(rss["A"]) - statistics.median(rss["B"])
     times = [self_times(output([python, "-X", "importtime", "-c", "pass"], env).stderr)
              for _ in range(plan["importtime"]) for env in (arms["A"], arms["B"])]
@@ -203,6 +207,10 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "the cost is loading the two small modules, not what they do. Without bytecode, N/B "
         f"{ratio(wall['N'], wall['B'])[0]:.3f}: install the wheel with pip (it compiles at install), and compile a "
         "volume once (`python -m compileall`, as docs/OPERATORS.md's recipe does) with the image's Python.",
+        "",
+        f"The same A/B over each third of the rounds ({third} rounds each, in the order they ran): "
+        f"{', '.join(f'{x:.3f}' for x in thirds)}. Their spread ({max(thirds) - min(thirds):.3f}) is this "
+        "measurement's own noise on this machine, next to the margin to 1.05.",
         "",
         "| arm | min peak RSS MiB | median | max | runs |",
         "|---|---|---|---|---|",
@@ -224,6 +232,8 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
     ]
     summary.append(f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= 1.05 | "
                    f"{noisy_verdict(wall_ratio, 1.05)} |")
+    info.append(f"| 1. start-up A/B of the medians, each third of the rounds | "
+                f"{' / '.join(f'{x:.3f}' for x in thirds)} |")
     info.append(f"| 1. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB |")
     info.append(f"| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B median wall | "
                 f"{ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f} ms against "
