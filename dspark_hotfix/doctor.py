@@ -26,7 +26,7 @@ PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
 
 OK, PROBLEM, USAGE, NOT_NEEDED = 0, 1, 2, 3
-VERDICTS = {OK: "ok", PROBLEM: "problem", NOT_NEEDED: "not_needed"}
+EXIT = {"fixing": OK, "guarding": OK, "removable": NOT_NEEDED}  # registry.verdict's words; any other: PROBLEM
 
 
 def version_of(dist: str) -> str | None:
@@ -155,20 +155,15 @@ def diagnose() -> dict[str, Any]:
 
 
 def evaluate(report: dict[str, Any]) -> int:
-    """The exit code for a report's problems and patch rows (also ``status``'s)."""
-    guards = {p.name for p in ALL if p.guards}
-    patches = [row for row in report["patches"] if row["name"] not in guards]
-    if report["problems"] or not patches:
-        return PROBLEM
-    if all(row["needed"] is False for row in patches):
-        return NOT_NEEDED
-    return OK
+    """The exit code for a report's problems and the registry's verdict (also ``status``'s)."""
+    return PROBLEM if report["problems"] else EXIT.get(report["verdict"], PROBLEM)
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """The registry's verdict, unless the report found a problem: then ``problem``."""
     report["problems"] = list(dict.fromkeys(report["problems"]))
     code = evaluate(report)
-    report.update(verdict=VERDICTS[code], exit_code=code)
+    report.update(verdict=report["verdict"] if code != PROBLEM else "problem", exit_code=code)
     return report
 
 
@@ -176,6 +171,17 @@ def _chained(chained: dict[str, Any] | None) -> str:
     if not chained:
         return ", shadows none"
     return f", chained {chained['file']}" if "file" in chained else f", chained one that failed: {chained['error']}"
+
+
+# One wording for the line's verdict, doctor's and the docs' (README "When to remove it").
+WORDS = {
+    "fixing": "fixing: this vLLM has the reported bug; the fix will be active where it is needed",
+    "guarding": "guarding: the reported bug is fixed upstream in this vLLM; what the shim still adds is the early, "
+                "clear stop for DeepSeek-V4 with the hybrid KV cache manager off (kv_cache_groups); removable once "
+                "the fleet runs a vLLM where this says removable (0.28.0 on)",
+    "removable": "removable: this vLLM needs none of the patches; the shim is a no-op here and can be removed",
+    "problem": "PROBLEM: the fix will not be active where it is needed",
+}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -194,8 +200,5 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"patch         {row['name']}: {row['state']}: {row['detail']}")
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
-    words = {OK: "ok: the fix will be active where it is needed",
-             NOT_NEEDED: "not needed: this vLLM is fixed upstream; the shim is a no-op here and can be removed",
-             PROBLEM: "PROBLEM: the fix will not be active where it is needed"}
-    lines.append(f"verdict       {words[report['exit_code']]} (exit {report['exit_code']})")
+    lines.append(f"verdict       {WORDS[report['verdict']]} (exit {report['exit_code']})")
     return "\n".join(lines)

@@ -36,8 +36,8 @@ def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
     assert (status.returncode, doctor.returncode) == (0, 0), status.stdout + doctor.stdout
     s, d = json.loads(status.stdout), json.loads(doctor.stdout)
     for report in (s, d):
-        assert report["schema"] == 1 and isinstance(report["pid"], int)
-        assert report["activated_by"] == "sitecustomize" and report["verdict"] == "ok"
+        assert report["schema"] == 2 and isinstance(report["pid"], int)
+        assert report["activated_by"] == "sitecustomize" and report["verdict"] == "fixing"
         assert all(set(row) == FIELDS for row in report["patches"])
     assert [(r["name"], r["state"]) for r in s["patches"]] == [(r["name"], r["state"]) for r in d["patches"]]
     assert all(key == key.lower() and " " not in key for key in d["python"])  # machine keys

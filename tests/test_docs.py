@@ -77,7 +77,7 @@ def test_recipe_runs_and_patches_every_vllm_it_starts(image, wheel, doc, n, bloc
         if line.startswith("vllm-stub "):
             seen = json.loads(line[len("vllm-stub "):])
             states = {row["state"] for row in seen["status"]["patches"]}
-            assert states == {"installed"}, f"{doc} block {n}: {seen['status']}"
+            assert states == {"patched"}, f"{doc} block {n}: {seen['status']}"
             assert "" not in seen["sys_path"] and str(image["checkout"]) not in seen["sys_path"], seen["sys_path"]
 
 

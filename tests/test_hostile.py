@@ -59,7 +59,7 @@ def test_safe_path_keeps_the_shim_active(flags, env):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
     assert depth == dict.fromkeys(patch_names(), 1)
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     # own bytecode cache out of the comparison: what remains would be the shim's.
     before = listing(read_only_shim)
     proc = run_python(IMPORT_ALL + STATUS + WARMUP, path=(read_only_shim, STANDIN), flags=("-B",))
-    assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"installed"}
+    assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"patched"}
     assert last_json(proc.stdout)["error"] is None
     assert listing(read_only_shim) == before
 
@@ -101,7 +101,7 @@ def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
     rows, warmup = json_lines(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"installed"} and warmup["error"] is None
+    assert {r["state"] for r in rows.values()} == {"patched"} and warmup["error"] is None
     ours = [line for line in proc.stderr.splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and len(summary_lines(proc.stderr)) == 1  # nothing from the shim but its summary
     assert listing(read_only_shim) == before
@@ -115,7 +115,7 @@ def test_no_home_changes_nothing(home):
         env["HOME"] = home
     proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + STATUS], env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert warning_lines(proc.stderr) == []
 
 
@@ -171,7 +171,7 @@ def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
@@ -191,7 +191,7 @@ def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     proc = run_python(code, path=(*shims, STANDIN))
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert len(summary_lines(proc.stderr)) == 1
     assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
     assert warning_lines(proc.stderr) == [] and "Error in sitecustomize" not in proc.stderr

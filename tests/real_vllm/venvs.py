@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 # 0.25.0: the first release with the fix, same torch (2.11) as the reported
-# build, and the V2 runner's "auto" rule still present. 0.33.0: the newest.
-# Each gets one end of the wrapt range the shim supports: 1.17.3 (what the
-# Dockerfile installs where an image has none) and the newest 2.x.
-VERSIONS = ("0.25.0", "0.33.0")
-WRAPT = {"0.25.0": "wrapt==1.17.3", "0.33.0": "wrapt>=2,<3"}
+# build, and the V2 runner's "auto" rule still present. 0.28.0: the first whose
+# hybrid-off path keeps the layout (the shim is removable from it on). 0.33.0:
+# the newest. Each gets one end of the wrapt range the shim supports: 1.17.3
+# (what the Dockerfile installs where an image has none) and the newest 2.x.
+VERSIONS = ("0.25.0", "0.28.0", "0.33.0")
+WRAPT = {"0.25.0": "wrapt==1.17.3", "0.28.0": "wrapt>=2,<3", "0.33.0": "wrapt>=2,<3"}
 EXTRA = ("pytest>=8",)
 
 

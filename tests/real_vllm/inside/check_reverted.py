@@ -153,7 +153,7 @@ def test_every_patch_is_installed_and_says_needed():
     assert fields["activated_by"] == "sitecustomize"
     for name in PATCHES + GUARDS:
         row = rows[name]
-        assert row["state"] == "installed", row
+        assert row["state"] == "patched", row
         assert row["needed"] is True, row  # the probe's verdict on vLLM's own method
 
 
