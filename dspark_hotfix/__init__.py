@@ -27,6 +27,12 @@ _enabled = None
 chained = None  # what chain() imported at start-up: {"file": ...} or {"error": ...}; None: nothing shadowed
 
 
+def say(text):
+    """A line on stderr, where there is one: ``2>&-`` leaves none, and start-up goes on without it."""
+    if sys.stderr is not None:
+        sys.stderr.write(text + "\n")
+
+
 def shown(raw, limit=60):
     """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
     text = repr(raw)
@@ -53,7 +59,7 @@ def enabled():
         _enabled = raw is None or raw.strip().lower() in TRUE_WORDS
         problem = switch_problem(ENABLE, raw, "the hotfix is OFF in this process")
         if problem:
-            sys.stderr.write(f"dspark_hotfix: {problem}\n")
+            say(f"dspark_hotfix: {problem}")
     return _enabled
 
 
@@ -140,7 +146,7 @@ def start(source):
     except Exception as exc:
         if type(exc).__name__ == "HotfixError":  # strict mode: vLLM stops here
             raise
-        sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+        say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
 
 def boot(sitecustomize_file):
@@ -172,14 +178,12 @@ def chain(sitecustomize_file):
     try:
         import sitecustomize  # (the shadowed one, if any)
 
-        chained = {"file": getattr(sitecustomize, "__file__", None)}
+        if getattr(sitecustomize, "boot", None) is not boot:  # another copy of ours recorded what it chained
+            chained = {"file": getattr(sitecustomize, "__file__", None)}
     except Exception as exc:
         if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
             chained = {"error": f"{type(exc).__name__}: {exc}"}
-            if sys.flags.verbose:
-                sys.excepthook(type(exc), exc, exc.__traceback__)
-            else:
-                sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{chained['error']}\n")
+            say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")
     finally:
         for i, p in taken:
             sys.path.insert(i, p)

@@ -80,7 +80,9 @@ class Record:
     """One patch in this process: its state and what the state rests on."""
 
     def __init__(self, patch: Patch, state: str = PENDING, detail: str = "") -> None:
-        self.patch, self.state, self.detail = patch, state, detail or f"waiting for {patch.module}"
+        self.patch, self.state = patch, state
+        self.detail = detail or f"waiting for {patch.module}" + (f" and the verdicts of {', '.join(patch.guards)}"
+                                                                 if patch.guards else "")
         self.needed: bool | None = None  # after the decision: None when it could not be judged
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.module: Any = None  # a guard's module, once imported
@@ -185,11 +187,8 @@ def activate(source: str) -> None:
             why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
             for record in activation.records.values():
                 _settle(activation, record, FAILED, None, why)
-            message = f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, or set " \
-                      f"{config.ENABLE}=0"
-            if activation.settings.strict:  # every later import of vLLM fails the same way, never unpatched
-                _refuse("vllm", message)
-            _fail(activation, None, f"{message}. vLLM runs unpatched.", cause=exc)
+            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, or "
+                                    f"set {config.ENABLE}=0. vLLM runs unpatched.", cause=exc, refuse="vllm")
             return
     finally:
         activation.done.set()
@@ -222,19 +221,11 @@ def _follow(activation: Activation) -> None:
             _decide(activation, guard, guard.module)
     _summarize(activation)
     records = activation.records.values()
-    if not activation.done.is_set() or any(r.state == PENDING and not (r.patch.guards or r.patch.everywhere)
-                                           for r in records):
-        return
-    for r in records:
-        if r.state == PENDING and r.patch.everywhere and r.patch.module not in sys.modules:
-            try:
-                importlib.import_module(r.patch.module)
-            except Exception as exc:
-                gone = isinstance(exc, ModuleNotFoundError) and r.patch.absent
-                _settle(activation, r, NOT_NEEDED if gone else FAILED, False if gone else None,
-                        f"not needed (no {r.patch.module}: {r.patch.absent})" if gone else
-                        f"cannot import {r.patch.module} to judge it: {type(exc).__name__}: {exc}")
-                _summarize(activation)
+    if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
+        for r in records:
+            if r.state == PENDING and r.patch.everywhere and r.patch.module not in sys.modules:
+                with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
+                    importlib.import_module(r.patch.module)
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
@@ -247,8 +238,6 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
             guarded = [activation.records[name] for name in patch.guards]
             on = [r.patch.name for r in guarded if r.needed is not False]
             if any(r.state == PENDING for r in guarded) or (on and module is None):
-                if module is not None:
-                    record.detail = f"waiting for the verdicts of {', '.join(r.patch.name for r in guarded)}"
                 return
             needed: bool | None = bool(on)
             why = f"needed (guards {', '.join(on)})" if on else \
@@ -297,11 +286,14 @@ def _settle(activation: Activation, record: Record, state: str, needed: bool | N
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          level: int = logging.WARNING, cause: BaseException | None = None) -> None:
+          level: int = logging.WARNING, cause: BaseException | None = None, refuse: str = "") -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
-    finding vLLM would not survive, stop it with the same words."""
+    finding vLLM would not survive, stop it with the same words (and, where
+    ``refuse`` names a module, every later import of it too)."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if stop or activation.settings.strict:
+        if refuse:
+            _refuse(refuse, text)
         raise HotfixError(text) from cause
     _say(level, text)
 
@@ -397,7 +389,10 @@ def _summarize(activation: Activation) -> None:
     """The log line, once every patch (guards aside) is judged, and again on every change after that."""
     with _lock:
         records = list(activation.records.values())
-        if not activation.enabled or any(_awaited(r) for r in records):
+        # It waits for every patch's verdict, and for a guard whose module is imported (its hook is still
+        # to run), not for one whose module this process may never import (kv_view_guard in an API server).
+        if not activation.enabled or any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules)
+                                         for r in records):
             return
         rows = [_row(r) for r in records]
         names = {s: [row["name"] + (f" until {r.patch.module} is imported" if s == PENDING else "")
@@ -409,12 +404,6 @@ def _summarize(activation: Activation) -> None:
         activation.said = line
     _say(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
                        f"{line}")
-
-
-def _awaited(r: Record) -> bool:
-    """Whether the log line waits for ``r``: a patch until it is judged; a guard while its module is
-    imported here (its hook is still to run), not where this process may never import it."""
-    return r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules)
 
 
 def _row(r: Record) -> dict[str, Any]:

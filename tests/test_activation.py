@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +16,7 @@ from tests.conftest import (
     REPO,
     STANDIN,
     STATUS,
+    clean_env,
     last_json,
     log_lines,
     run_python,
@@ -239,7 +243,7 @@ def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
     proc = run_python(TARGETS + STATUS, path=(REPO, STANDIN, other))
-    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nValueError: broken image" in proc.stderr
+    assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
     assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
 
 
@@ -389,3 +393,24 @@ def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_
     proc = run_python(code)
     (summary,) = summary_lines(proc.stderr)
     assert summary.endswith(f"via sitecustomize: {ALL_PATCHED}")
+
+
+@pytest.mark.parametrize("value", ["", "bogus", "1"])
+def test_with_stderr_closed_interpreter_start_goes_on(value):
+    # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
+    env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
+    code = "import vllm.models.deepseek_v4.attention; print('ran')"
+    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}" 2>&-'], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
+
+
+def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_decided_after_the_first_line():
+    proc = run_python(ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n",
+                      env={"DSPARK_HOTFIX_PATCHES": "-kv_view_guard"})
+    lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
+    warned = lines.index("DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: kv_view_guard")
+    assert warned > first  # decided when the V2 runner's module came, after the first line
+    assert lines[-1].endswith("problem: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, "
+                              "kv_cache_groups, draft_load_coverage), 1 excluded (kv_view_guard)")

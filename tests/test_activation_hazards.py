@@ -375,3 +375,54 @@ def test_a_huge_switch_value_is_not_echoed_whole():
     assert len(proc.stderr.encode()) < 400, proc.stderr[:500]
     assert "120000 characters" in proc.stderr
     assert set(states(proc).values()) == {"disabled"}
+
+
+@pytest.mark.parametrize(("module", "patch"), [("vllm.v1.core.kv_cache_utils", "kv_cache_groups"),
+                                               ("vllm.v1.worker.gpu.attn_utils", "kv_view_guard")])
+def test_a_module_another_thread_is_part_way_importing_when_the_plugin_registers_is_judged_whole(module, patch):
+    # vLLM's plugin loader calls register() while another thread is still executing a target's module:
+    # a hook that judged it then found no function and said not_needed; the patch must be judged on the
+    # whole module, and applied where needed.
+    code = f"""
+import json, sys, threading
+import vllm  # vLLM first, then its plugin loader: no sitecustomize
+sys.path.append({str(REPO)!r})
+""" + slow_import(module, "second", pause=1.0) + f"""
+import dspark_hotfix, dspark_hotfix.plugin
+worker = threading.Thread(target=lambda: __import__({module!r}), name="second")
+worker.start()
+inside.wait(5)  # the other thread holds the module's import lock, its body not yet run
+dspark_hotfix.plugin.register()
+worker.join()
+""" + IMPORT_ALL + STATUS
+    proc = child(code, path=(STANDIN,))
+    assert proc.returncode == 0, proc.stderr
+    rows = last_json(proc.stdout)
+    assert rows[patch]["state"] == "patched", rows[patch]
+    assert state_of(summary_lines(proc.stderr)[-1]) == ALL_PATCHED
+
+
+def test_a_child_forked_while_wrapts_lock_is_held_still_imports():
+    # wrapt's import finder takes its registration lock on every import, and wrapt does not renew it
+    # after a fork: a child forked while another thread held it hung on its first import. The shim,
+    # which put that finder there, gives the child a fresh one.
+    code = IMPORT_ALL + """
+import os, threading, time, wrapt.importer
+held = threading.Event()
+
+def hold():
+    with wrapt.importer._post_import_hooks_lock:
+        held.set()
+        time.sleep(2)
+
+threading.Thread(target=hold).start()
+held.wait(5)
+pid = os.fork()
+if pid == 0:
+    import xml.dom.minidom  # noqa: F401  (any module not imported yet)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    proc = child(f"import faulthandler; faulthandler.dump_traceback_later({HANG_AFTER}, exit=True)\n" + code)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "child 0", proc.stderr

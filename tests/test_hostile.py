@@ -209,3 +209,36 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
     assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
                          f"{sys.executable} -m pip install PATH")
+
+
+RETRIES = """
+import json
+errors = []
+for attempt in range(3):
+    try:
+        import vllm.models.deepseek_v4.attention
+        errors.append(None)
+    except Exception as exc:
+        errors.append(type(exc).__name__)
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("wrapt_body", [None, "# a wrapt without register_post_import_hook\n__version__ = '0'\n"],
+                         ids=["no wrapt", "wrapt without the hook API"])
+def test_strict_mode_without_a_usable_wrapt_fails_every_retry_and_status_names_why(tmp_path, wrapt_body):
+    # A retried import must not load vLLM unpatched, and a wrapt that is not the one the shim knows is
+    # as unusable as none: strict mode stops, status() says failed (not pending) and why.
+    if wrapt_body is None:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+        python, extra = str(tmp_path / "venv" / "bin" / "python"), ()
+    else:
+        (tmp_path / "odd").mkdir()
+        (tmp_path / "odd" / "wrapt.py").write_text(wrapt_body)
+        python, extra = sys.executable, (tmp_path / "odd",)
+    path = (*extra, REPO, STANDIN)
+    proc = run_python(RETRIES, python=python, path=path, env={"DSPARK_HOTFIX_STRICT": "1"})
+    assert json_lines(proc.stdout)[-1] == ["HotfixError"] * 3, proc.stderr
+    rows = last_json(run_python("import vllm.models.deepseek_v4.attention\n" + STATUS, python=python, path=path).stdout)
+    assert {row["state"] for row in rows.values()} == {"failed"}
+    assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows

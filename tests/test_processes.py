@@ -156,3 +156,16 @@ def test_reload_is_a_stated_limit_the_reloaded_target_runs_as_shipped_never_half
     reloaded = {p.name for p in ALL if p.module == target}
     (depth,) = json_lines(run_python(f"TARGET = {target!r}\nWRAP_DEPTH = {WRAP_DEPTH!r}\n{IMPORT_ALL}" + RELOAD).stdout)
     assert depth == {name: 0 if name in reloaded else 1 for name in patch_names()}
+
+
+@pytest.mark.parametrize("target", MODULES)
+def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patched(target):
+    # status() reads vLLM's attribute: a reloaded target's function is vLLM's own again, and says so.
+    reloaded = {p.name for p in ALL if p.module == target}
+    code = f"import importlib, json, sys\n{IMPORT_ALL}importlib.reload(sys.modules[{target!r}])\n{STATES}"
+    states = json_lines(run_python(code).stdout)[-1]
+    assert states == {name: "failed" if name in reloaded else "patched" for name in patch_names()}
+    status = json_lines(run_python(code.replace(STATES, "import dspark_hotfix; print(json.dumps("
+                                                        "dspark_hotfix.status()))\n")).stdout)[-1]
+    assert status["verdict"] == "problem"
+    assert all("no longer the shim's wrapper" in row["detail"] for row in status["patches"] if row["name"] in reloaded)

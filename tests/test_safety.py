@@ -15,6 +15,7 @@ import sysconfig
 import pytest
 
 from tests.conftest import (
+    ALL_PATCHED,
     ENGINE_CORE_FIRST,
     FIXED,
     IMPORT_ALL,
@@ -269,3 +270,24 @@ def test_security_md_names_only_tests_that_exist():
     assert refs
     missing = [f"{f}::{t}" for f, t in refs if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
     assert missing == []
+
+
+# A tensor-parallel worker's order: the model and the V2 runner, never vLLM's KV-cache grouping.
+WORKER = ("import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark\n"
+          "import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils\n")
+
+
+@pytest.mark.parametrize("build", ["fixed", "reverted"])
+def test_every_process_kind_gives_the_same_verdict(fixed_standin, build):
+    # kv_cache_groups's module is the engine core's (and the API server's), never a worker's: the shim
+    # imports it there to judge it, so a worker does not leave it pending (nor keep a guard for it).
+    path = (REPO, fixed_standin if build == "fixed" else STANDIN)
+    orders = {"engine core": ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n", "worker": WORKER,
+              "api server": ENGINE_CORE_FIRST}
+    last = {kind: state_of(summary_lines(run_python(code + STATUS, path=path).stderr)[-1])
+            for kind, code in orders.items()}
+    if build == "fixed":
+        assert set(last.values()) == {"removable: 6 not_needed"}, last
+    else:
+        assert {line.split(":")[0] for line in last.values()} == {"fixing"}, last
+        assert last["worker"] == last["engine core"] == ALL_PATCHED
