@@ -96,6 +96,12 @@ def interpreter_options(args: list[str]) -> list[str]:
     return options
 
 
+# Wrappers that put a sitecustomize of their own first on PYTHONPATH and do not import the one it
+# shadows (opentelemetry-instrumentation 0.66b1): ours would never run in what they start. Started
+# outside the launcher, theirs is the one ours chains. ddtrace-run's chains (ddtrace 4.16.0).
+NOT_CHAINING = ("opentelemetry-instrument",)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -105,6 +111,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
         return 127
+    name = os.path.basename(command[0])
+    if name in NOT_CHAINING:
+        print(f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
+              f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
+              "dspark-hotfix run -- COMMAND", file=sys.stderr)
+        return 1
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
     if python is None:

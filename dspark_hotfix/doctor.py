@@ -95,9 +95,10 @@ def pythonpath_warnings(entries: list[str], site: dict[str, Any]) -> list[str]:
     return warnings
 
 
-def _sitecustomize() -> dict[str, Any]:
+def _sitecustomize(entries: list[str], activated_by: str | None) -> dict[str, Any]:
     """The sitecustomize that won and what ours chained; where none is imported, the one on
-    sys.path that raised at start-up (``failed``)."""
+    sys.path that raised at start-up (``failed``); where a foreign one won and ours did not run,
+    the copy of ours on PYTHONPATH that it kept out (``ahead``): it does not chain."""
     module = sys.modules.get("sitecustomize")
     file = getattr(module, "__file__", None)
     ours = getattr(module, "boot", None) is dspark_hotfix.boot
@@ -109,7 +110,10 @@ def _sitecustomize() -> dict[str, Any]:
         # sys.path[0] (the script's directory, or the working directory) is added after start-up.
         paths = sys.path[0 if getattr(sys.flags, "safe_path", False) else 1:]
         failed = next((f for f in (os.path.join(p, "sitecustomize.py") for p in paths if p) if os.path.isfile(f)), None)
-    return {"ours": ours, "file": file, "chained": chained, "failed": failed}
+    kept_out = [os.path.join(e, "sitecustomize.py") for e in entries if os.path.isabs(e)]
+    ahead = None if ours or file is None or activated_by == "sitecustomize" or sys.flags.ignore_environment else \
+        next((f for f in kept_out if os.path.isfile(f) and is_shim(f)), None)
+    return {"ours": ours, "file": file, "chained": chained, "failed": failed, "ahead": ahead}
 
 
 def _plugin() -> tuple[dict[str, Any], list[str]]:
@@ -172,11 +176,16 @@ def diagnose() -> dict[str, Any]:
     out = report("doctor")
     raw_path = os.environ.get("PYTHONPATH")
     entries = raw_path.split(os.pathsep) if raw_path is not None else []
-    site = _sitecustomize()
+    site = _sitecustomize(entries, out["activated_by"])
     plugin, plugin_problems = _plugin()
     wrapt_version = version_of("wrapt")
     problems = out["problems"] + plugin_problems
     warnings = pythonpath_warnings(entries, site)
+    # A tool's wrapper (opentelemetry-instrument) put its sitecustomize ahead of ours: a problem
+    # where that leaves no activation path, else a warning.
+    ahead = site["ahead"] and (f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so "
+                               "ours does not run: start `dspark-hotfix run` inside the tool's wrapper, which puts "
+                               "ours first and chains theirs (opentelemetry-instrument dspark-hotfix run -- COMMAND)")
     out.update(
         python={"version": sys.version.split()[0], "executable": sys.executable, "no_site": bool(sys.flags.no_site),
                 "ignore_environment": bool(sys.flags.ignore_environment), "isolated": bool(sys.flags.isolated)},
@@ -189,7 +198,7 @@ def diagnose() -> dict[str, Any]:
     if out["versions"]["vllm"] and dspark_hotfix.enabled() and any(
             row["needed"] is not False and row["state"] != registry.EXCLUDED for row in out["patches"]):
         if not (site["ours"] or plugin["active"]):
-            problems.append("no activation path: put `dspark-hotfix path` on PYTHONPATH (or use "
+            problems.append(ahead or "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use "
                             "`dspark-hotfix run`), or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
         if wrapt_version is None:
             problems.append(f"wrapt is not installed for {sys.executable}: {sys.executable} -m pip install "
@@ -197,6 +206,8 @@ def diagnose() -> dict[str, Any]:
         elif not wrapt_supported(wrapt_version):
             problems.append(f"wrapt {wrapt_version} is not one the shim is tested with ({config.WRAPT_RANGE}): "
                             "install e.g. wrapt==1.17.3")
+    if ahead and ahead not in problems:
+        warnings.append(ahead)
     return verdict(out)
 
 
