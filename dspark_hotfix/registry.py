@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config
+from dspark_hotfix import config, metrics
 from dspark_hotfix.patches import ALL, Finding, Patch
 
 PENDING = "pending"  # not decided yet: its module is not imported (a guard: or its patches are undecided)
@@ -163,6 +163,7 @@ def activate(source: str) -> None:
             return
         for record in activation.records.values():
             wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
+        wrapt.register_post_import_hook(functools.partial(metrics.on_import, activation), "prometheus_client")
     finally:
         activation.done.set()
 
@@ -180,6 +181,7 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
             if guard.module is not None and guard.state == PENDING:
                 _decide(activation, guard, guard.module)
         _summarize(activation)
+        metrics.publish(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
         _refuse(module.__name__, str(exc))
         raise

@@ -1,0 +1,128 @@
+"""The shim's state on ``/metrics``: prometheus_client from PyPI, the stand-in build, real subprocesses.
+
+vLLM serves prometheus_client's default registry with one API server and a
+``MultiProcessCollector`` over ``PROMETHEUS_MULTIPROC_DIR`` with several; both
+are read here the way vLLM reads them (tests/real_vllm/test_metrics.py does it
+through vLLM 0.25.0's own ``get_prometheus_registry``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dspark_hotfix import __version__
+from tests.conftest import FIXED, IMPORT_ALL, REPO, STANDIN, edited_standin, json_lines, run_python, warning_lines
+
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
+           "draft_load_coverage", "kv_view_guard")
+# Prints the dspark_hotfix samples of a registry (the default one unless given) as one JSON line.
+SCRAPE = """
+import json as _json
+from prometheus_client import REGISTRY as _REGISTRY, generate_latest as _generate_latest
+from prometheus_client.parser import text_string_to_metric_families as _parse
+
+def scrape(registry=_REGISTRY):
+    print(_json.dumps([[s.name, s.labels, s.value] for f in _parse(_generate_latest(registry).decode())
+                       for s in f.samples if s.name.startswith('dspark_hotfix_')]))
+"""
+
+
+class Scrape:
+    """One scrape's dspark_hotfix samples, by metric, keyed by their labels (``pid`` kept apart)."""
+
+    def __init__(self, samples: list) -> None:
+        self.info = {(s["activated_by"], s["version"], s.get("pid")): v for n, s, v in samples
+                     if n == "dspark_hotfix_info"}
+        self.state = {(s["patch"], s["state"], s.get("pid")): v for n, s, v in samples
+                      if n == "dspark_hotfix_patch_state"}
+        self.needed = {(s["patch"], s.get("pid")): v for n, s, v in samples if n == "dspark_hotfix_patch_needed"}
+
+    def current(self, pid: str | None = None) -> dict[str, str]:
+        """Each patch's state whose series is 1."""
+        return {patch: state for (patch, state, p), v in self.state.items() if p == pid and v == 1}
+
+
+def scrapes(code: str, **env: str) -> list[Scrape]:
+    return [Scrape(line) for line in json_lines(run_python(SCRAPE + code, env=env).stdout)]  # type: ignore[arg-type]
+
+
+def test_each_patch_shows_its_state_and_follows_later_decisions():
+    before, after = scrapes("import vllm, prometheus_client\nscrape()\n" + IMPORT_ALL + "scrape()\n")
+    assert before.info == {("sitecustomize", __version__, None): 1}
+    assert before.current() == dict.fromkeys(PATCHES, "pending")
+    assert before.needed == {}  # not decided yet: no verdict to show
+    assert after.current() == dict.fromkeys(PATCHES, "installed")
+    assert {patch: v for (patch, state, _), v in after.state.items() if state == "pending"} == dict.fromkeys(PATCHES, 0)
+    assert after.needed == {(patch, None): 1 for patch in PATCHES}
+
+
+def test_prometheus_client_imported_before_vllm_shows_the_states_at_activation():
+    (scrape,) = scrapes("import prometheus_client, vllm.v1.core.kv_cache_utils\nscrape()\n")
+    assert scrape.info == {("sitecustomize", __version__, None): 1}
+    assert scrape.current()["kv_cache_groups"] == "installed"
+    assert scrape.current()["remap_dspark_name"] == "pending"
+
+
+def test_excluded_and_not_needed_patches_show_their_verdicts(tmp_path):
+    code = "import vllm, prometheus_client\n" + IMPORT_ALL + "scrape()\n"
+    (excluded,) = scrapes(code, DSPARK_HOTFIX_PATCHES="-remap_dspark_name")
+    assert excluded.current()["remap_dspark_name"] == "excluded"
+    assert excluded.needed[("remap_dspark_name", None)] == 1  # what an alert on needed-but-not-installed reads
+    fixed = edited_standin(tmp_path / "fixed", FIXED)  # vLLM with the upstream fix: nothing is needed
+    proc = run_python(SCRAPE + code, path=(REPO, fixed))
+    (not_needed,) = (Scrape(line) for line in json_lines(proc.stdout))  # type: ignore[arg-type]
+    assert not_needed.current() == dict.fromkeys(PATCHES, "not_needed")
+    assert not_needed.needed == {(patch, None): 0 for patch in PATCHES}
+
+
+def test_nothing_is_shown_where_the_shim_is_off():
+    # doctor judges every patch in its own process even then: still nothing to show.
+    proc = run_python(SCRAPE + "import vllm, prometheus_client, sys\n" + IMPORT_ALL + "scrape()\n"
+                      "from dspark_hotfix import doctor\nprint(_json.dumps(doctor.report('doctor')['patches'][0]))\n"
+                      "scrape()\n", env={"DSPARK_HOTFIX": "0"})
+    before, row, after = json_lines(proc.stdout)
+    assert row["state"] == "disabled"  # type: ignore[index]
+    assert before == after == []
+
+
+def test_the_shim_never_imports_prometheus_client():
+    proc = run_python("import sys, vllm\n" + IMPORT_ALL + "import dspark_hotfix\n"
+                      "print(dspark_hotfix.status()['patches'][0]['state'], 'prometheus_client' in sys.modules)\n")
+    assert proc.stdout.split() == ["installed", "False"]
+
+
+def test_a_failure_in_the_metrics_path_warns_once_and_vllm_runs_patched(tmp_path):
+    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone).
+    fake = tmp_path / "prometheus_client"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("class Gauge:\n    def __init__(self, *a, **k):\n"
+                                      "        raise OSError('no space left on device')\n")
+    proc = run_python("import vllm, prometheus_client\n" + IMPORT_ALL + "import dspark_hotfix, json\n"
+                      "print(json.dumps([r['state'] for r in dspark_hotfix.status()['patches']]))\n",
+                      path=(tmp_path, REPO, STANDIN), env={"DSPARK_HOTFIX_STRICT": "1"})
+    assert json_lines(proc.stdout) == [["installed"] * len(PATCHES)]
+    assert warning_lines(proc.stderr) == [
+        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]
+
+
+def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
+    # As vLLM with --api-server-count above 1: the directory is set before prometheus_client is imported,
+    # the engine core (here: every target imported) writes its files, an API server collects them all.
+    directory = str(tmp_path / "prometheus")
+    os.mkdir(directory)
+    engine = run_python("import os, vllm, prometheus_client\n" + IMPORT_ALL + "print(os.getpid())\n",
+                        env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    api = run_python(SCRAPE + "import os, vllm, prometheus_client\nfrom prometheus_client import CollectorRegistry, "
+                     "multiprocess\nregistry = CollectorRegistry()\nmultiprocess.MultiProcessCollector(registry)\n"
+                     "print([os.getpid()])\nscrape(registry)\nmultiprocess.mark_process_dead(" + engine.stdout.strip() +
+                     ")\nscrape(registry)\n", env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    (api_pid,), both, after = json_lines(api.stdout)  # type: ignore[misc]
+    engine_pid, api_pid = engine.stdout.strip(), str(api_pid)
+    both, after = Scrape(both), Scrape(after)  # type: ignore[arg-type]
+    assert both.info == {("sitecustomize", __version__, engine_pid): 1, ("sitecustomize", __version__, api_pid): 1}
+    assert both.current(engine_pid) == dict.fromkeys(PATCHES, "installed")
+    assert both.current(api_pid) == dict.fromkeys(PATCHES, "pending")
+    assert {pid for (_, pid) in both.needed} == {engine_pid}
+    # vLLM marks a process dead at shutdown; its series go with it ("liveall"), the others stay.
+    assert {pid for (_, _, pid) in after.state} == {api_pid}
+
