@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dspark_hotfix
-from dspark_hotfix import registry
+
+if TYPE_CHECKING:  # imported by the registry: it reads the registry's names when called, never at import
+    from dspark_hotfix.registry import Activation
 
 _lock = threading.Lock()  # one publish at a time: a slower one must not write older states over newer
 _gauges: tuple[Any, Any, Any] | None = None  # info, state, needed; once per process, as Prometheus requires
@@ -45,7 +47,7 @@ _shown: dict[str, set[str]] = {}  # per patch: the states published, to set thos
 _warned = False
 
 
-def on_import(activation: registry.Activation, module: Any) -> None:
+def on_import(activation: Activation, module: Any) -> None:
     """wrapt's hook on ``prometheus_client``: create the gauges, show the states so far."""
     global _gauges
     if not activation.enabled:
@@ -69,10 +71,12 @@ def on_import(activation: registry.Activation, module: Any) -> None:
     publish(activation)
 
 
-def publish(activation: registry.Activation) -> None:
+def publish(activation: Activation) -> None:
     """Set the gauges to the records' states; a no-op until ``prometheus_client`` is imported."""
     if _gauges is None:
         return
+    from dspark_hotfix.registry import PENDING
+
     _, state, needed = _gauges
     try:
         with _lock:
@@ -82,7 +86,7 @@ def publish(activation: registry.Activation) -> None:
                     state.labels(name, left).set(0)
                 state.labels(name, now).set(1)
                 _shown[name].add(now)
-                if now != registry.PENDING:
+                if now != PENDING:
                     needed.labels(name).set(-1 if record.needed is None else int(record.needed))
     except Exception as exc:
         _failed(exc)
@@ -91,6 +95,8 @@ def publish(activation: registry.Activation) -> None:
 def _failed(exc: Exception) -> None:
     global _warned
     if not _warned:
+        from dspark_hotfix.registry import _say
+
         _warned = True
-        registry._say(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
+        _say(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
                                        "the patches are not affected")

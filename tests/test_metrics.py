@@ -8,10 +8,15 @@ through vLLM 0.25.0's own ``get_prometheus_registry``).
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import subprocess
 
 from dspark_hotfix import __version__
 from tests.conftest import FIXED, IMPORT_ALL, REPO, STANDIN, edited_standin, json_lines, run_python, warning_lines
+from tests.real_vllm.venvs import cache_dir
 
 PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
            "draft_load_coverage", "kv_view_guard")
@@ -126,3 +131,93 @@ def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
     # vLLM marks a process dead at shutdown; its series go with it ("liveall"), the others stay.
     assert {pid for (_, _, pid) in after.state} == {api_pid}
 
+
+
+def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
+    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what six pods' processes export."""
+    def pod(name: str, *processes: tuple[str, dict[str, str], tuple]) -> list:
+        directory = tmp_path / name
+        directory.mkdir()
+        for code, env, path in processes:
+            run_python("import vllm, prometheus_client\n" + code, path=path,
+                       env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env})
+        collect = ("from prometheus_client import CollectorRegistry, multiprocess\nr = CollectorRegistry()\n"
+                   "multiprocess.MultiProcessCollector(r, path=" + repr(str(directory)) + ")\nscrape(r)\n")
+        return json_lines(run_python(SCRAPE + collect, path=()).stdout)[0]  # type: ignore[return-value]
+
+    fixed = edited_standin(tmp_path / "fixed-standin", FIXED)
+    swa = "vllm/v1/attention/backends/mla/sparse_swa.py"  # fixed, and a signature the shim does not know: failed
+    signature = ("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer=0)")
+    broken = edited_standin(tmp_path / "broken-standin", {**FIXED, swa: [*FIXED[swa], signature]})
+    engine, api, off = (IMPORT_ALL, {}, (REPO, STANDIN)), ("", {}, (REPO, STANDIN)), {"DSPARK_HOTFIX": "0"}
+    pods = {
+        "patched": pod("patched", engine, api),
+        "excluded": pod("excluded", (IMPORT_ALL, {"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}, (REPO, STANDIN))),
+        "fixed": pod("fixed", (IMPORT_ALL, {}, (REPO, fixed)), ("", {}, (REPO, fixed))),
+        # an API server's process alone: the grouping judged, the model's patches never
+        "fixed-api-server": pod("fixed-api-server", ("import vllm.v1.core.kv_cache_utils\n", {}, (REPO, fixed))),
+        "fixed-failed": pod("fixed-failed", (IMPORT_ALL, {}, (REPO, broken))),
+        "off": pod("off", (IMPORT_ALL, off, (REPO, STANDIN))),
+    }
+    assert pods["off"] == []
+    (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}
+    (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}
+
+    def series(name: str, labels: dict[str, str]) -> str:
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+    where = {"namespace": "serving"}
+    inputs = [{"series": series(name, {**labels, **where, "pod": p}), "values": f"{value:g}x10"}
+              for p, samples in pods.items() for name, labels, value in samples]
+    inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p}), "values": "0x10"} for p in pods]
+    needed_not_installed, could_drop, without_shim = documented_queries()
+    excluded = {**where, "pod": "excluded", "patch": "remap_dspark_name", "pid": excluded_pid}
+    failed = {**where, "pod": "fixed-failed", "patch": "swa_kv_cache_spec", "pid": failed_pid}
+    expected = [
+        (needed_not_installed, [(series("dspark_hotfix_patch_needed", excluded), 1),
+                                (series("dspark_hotfix_patch_needed", failed), -1)]),
+        (could_drop, [(series("", {**where, "pod": "fixed"}), 0)]),
+        (without_shim, [(series("", {**where, "pod": "off"}), 1)]),
+    ]
+    tests = {"evaluation_interval": "1m", "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": [
+        {"expr": expr, "eval_time": "5m", "exp_samples": [{"labels": labels, "value": v} for labels, v in found]}
+        for expr, found in expected]}]}
+    (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML
+    proc = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def documented_queries() -> list[str]:
+    """The queries of docs/OPERATORS.md's ```promql block, each without its comment lines."""
+    block = re.search(r"^```promql\n(.*?)^```", (REPO / "docs" / "OPERATORS.md").read_text(), re.M | re.S)
+    assert block is not None
+    queries: list[list[str]] = [[]]
+    for line in block.group(1).splitlines():
+        if line.startswith("#") or not line.strip():
+            if queries[-1]:
+                queries.append([])
+        else:
+            queries[-1].append(line)
+    return ["\n".join(q) for q in queries if q]
+
+
+def promtool() -> str:
+    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, unpacked once into the cache
+    (never installed: no service of it starts)."""
+    found = shutil.which("promtool")
+    root = cache_dir() / "promtool"
+    binary = root / "usr" / "bin" / "promtool"
+    if found or binary.exists():
+        return found or str(binary)
+    download = root.with_name("promtool-deb")
+    download.mkdir(parents=True, exist_ok=True)
+    for argv in (["apt-get", "download", "-q", "prometheus"], ["apt-get", "update", "-qq"],
+                 ["apt-get", "download", "-q", "prometheus"]):
+        proc = subprocess.run(argv, cwd=download, capture_output=True, text=True, timeout=600)
+        if proc.returncode == 0 and argv[1] == "download":
+            break
+    debs = sorted(download.glob("prometheus_*.deb"))
+    assert debs, f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}"
+    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
+    return str(binary)
