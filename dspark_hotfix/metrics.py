@@ -24,6 +24,9 @@ and the workers the rest), so a maximum or a sum would mix a pending patch in
 one process with the same patch installed in another; and a process that
 ``mark_process_dead`` reports dead loses its series instead of keeping stale
 ones. With one API server, ``/metrics`` shows that process's own gauges only.
+A process forked after the gauges were made writes series of its own (its
+pid) at its next decision; nothing is written at the fork itself, where a lock
+of prometheus_client's may be held by a thread the child does not have.
 
 Failure policy: a failure here is said once and never reaches vLLM, in strict
 mode too (the metrics are a report, not a correction); the patches are not
