@@ -15,11 +15,20 @@ import shutil
 import subprocess
 
 from dspark_hotfix import __version__
-from tests.conftest import FIXED, IMPORT_ALL, REPO, STANDIN, edited_standin, json_lines, run_python, warning_lines
+from tests.conftest import (
+    FIXED,
+    IMPORT_ALL,
+    REPO,
+    STANDIN,
+    edited_standin,
+    json_lines,
+    patch_names,
+    run_python,
+    warning_lines,
+)
 from tests.real_vllm.venvs import cache_dir
 
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
-           "draft_load_coverage", "kv_view_guard")
+PATCHES = patch_names()
 # Prints the dspark_hotfix samples of a registry (the default one unless given) as one JSON line.
 SCRAPE = """
 import json as _json
