@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config
+from dspark_hotfix import config, metrics
 from dspark_hotfix.patches import ALL, Finding, Patch
 
 PENDING = "pending"  # not decided yet: its module is not imported (a guard: or its patches are undecided)
@@ -181,6 +181,7 @@ def activate(source: str) -> None:
                     record.detail = f"{name} was part-way imported by this thread when the shim activated"
                     continue
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), name)
+            wrapt.register_post_import_hook(functools.partial(metrics.on_import, activation), "prometheus_client")
         except HotfixError:  # a hook that fired at once: strict mode, or a stop
             raise
         except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -220,6 +221,7 @@ def _follow(activation: Activation) -> None:
         if guard.patch.guards and guard.state == PENDING:
             _decide(activation, guard, guard.module)
     _summarize(activation)
+    metrics.publish(activation)
     records = activation.records.values()
     if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
         for r in records:
