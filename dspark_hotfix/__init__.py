@@ -219,7 +219,7 @@ def chain(sitecustomize_file):
 
 def __getattr__(name):
     if name in ("HotfixError", "install", "status"):
-        from dspark_hotfix import registry
+        from dspark_hotfix import registry, says
 
-        return getattr(registry, name)
+        return getattr(says if name == "status" else registry, name)
     raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")

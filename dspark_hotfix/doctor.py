@@ -19,14 +19,14 @@ import sys
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, registry
+from dspark_hotfix import config, registry, says
 from dspark_hotfix.patches import ALL
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
 
 OK, PROBLEM, USAGE, NOT_NEEDED = 0, 1, 2, 3
-EXIT = {"fixing": OK, "guarding": OK, "removable": NOT_NEEDED}  # registry.verdict's words; any other: PROBLEM
+EXIT = {"fixing": OK, "guarding": OK, "removable": NOT_NEEDED}  # says.verdict's words; any other: PROBLEM
 
 
 def version_of(dist: str) -> str | None:
@@ -81,12 +81,11 @@ def pythonpath_warnings(entries: list[str], site: dict[str, Any]) -> list[str]:
     file, error = (site["chained"] or {}).get("file"), (site["chained"] or {}).get("error")
     if file and os.path.dirname(os.path.realpath(file)) == os.path.realpath(os.getcwd()):
         warnings.append(f"the sitecustomize that ours ran at start-up is {file}, from the working directory")
-    if file and is_shim(file):
-        # That copy chained the next sitecustomize itself, and ours then recorded the copy: what
-        # the copy chained (the image's, if any), and whether it failed, is not known here.
-        warnings.append(f"the sitecustomize that ours chained at start-up, {file}, is a second copy of the shim; "
-                        "what it chained in turn, and whether that failed, is not known here: keep one copy on "
-                        "PYTHONPATH")
+    copies = [e for e in dict.fromkeys(entries) if e and os.path.isfile(os.path.join(e, "sitecustomize.py"))
+              and is_shim(os.path.join(e, "sitecustomize.py"))]
+    if len(copies) > 1:  # each chains the next: it works, but which one runs depends on the order
+        warnings.append(f"PYTHONPATH has {len(copies)} copies of the shim's start-up directory "
+                        f"({', '.join(few(copies))}): keep one")
     if error:
         warnings.append(f"the sitecustomize that ours chained failed at start-up, in every process: {error}")
     if site["failed"]:
@@ -166,7 +165,7 @@ def report(source: str) -> dict[str, Any]:
                 except Exception as exc:
                     problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
-    out = registry.status()
+    out = says.status()
     out["vllm"] = version
     out["problems"] = problems + (row_problems(out["patches"]) if version else [])
     return out
@@ -229,8 +228,7 @@ def _chained(chained: dict[str, Any] | None) -> str:
         return ", shadows none"
     if "error" in chained:
         return f", chained one that failed: {chained['error']}"
-    return f", chained {chained['file']}" + (" (a second copy of the shim)" if chained["file"] and
-                                             is_shim(chained["file"]) else "")
+    return f", chained {chained['file']}"
 
 
 # One wording for the line's verdict, doctor's and the docs' (README "When to remove it").

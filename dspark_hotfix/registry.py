@@ -8,7 +8,7 @@ importing is waited for), asks the patch's probe whether the running vLLM needs
 it, and only then puts ``patch.replacement`` in front of vLLM's function. A
 guard is decided once the patches it guards are. Each record holds one state;
 :func:`status`, ``dspark-hotfix status`` and ``doctor``, and the log line all
-read those states, and :func:`verdict` is the one reading of them.
+read those states, and ``says`` is the one reading of them (the verdict, the line).
 
 The log line: once every patch (guards aside) is judged, one INFO line gives
 the verdict and every record's state; a later change (a guard decided when its
@@ -56,11 +56,7 @@ NOT_NEEDED = "not_needed"  # the running vLLM is already right: left untouched
 EXCLUDED = "excluded"  # judged, never applied: DSPARK_HOTFIX_PATCHES leaves it off
 FAILED = "failed"  # the target was imported but the patch could not be applied (or is no longer applied)
 DISABLED = "disabled"  # the shim is off (judged, never applied, where doctor or status activate), or not installed
-STATES = (PATCHED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)
-# The verdict, from the patches (guards follow theirs): "fixing" (the reported bug is in this vLLM and
-# the shim corrects it), "guarding" (the bug is fixed upstream; the shim still stops, early and clearly,
-# what vLLM would crash on), "removable", "problem" (a needed or unjudgeable patch, a guard too, is not in place),
-# "undecided" (a patch's module is not imported yet).
+STATES = (PATCHED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)  # what the verdict reads: see says.py
 SCHEMA = 2
 
 
@@ -373,62 +369,14 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
     return patched
 
 
-def verdict(rows: list[dict[str, Any]]) -> str:
-    """What the shim does on the running vLLM, from status() rows (see the words above STATES)."""
-    if any(row["state"] == FAILED or (row["state"] == EXCLUDED and row["needed"] is not False)
-           or (row["state"] == DISABLED and row["needed"]) for row in rows):
-        return "problem"
-    stops = {p.name: p.stops for p in ALL if not p.guards}
-    rows = [row for row in rows if row["name"] in stops]
-    if any(row["state"] in (PENDING, DISABLED) and row["needed"] is None for row in rows):
-        return "undecided"
-    if any(row["state"] == PATCHED and not stops[row["name"]] for row in rows):
-        return "fixing"
-    return "guarding" if any(row["state"] == PATCHED for row in rows) else "removable"
-
-
 def _summarize(activation: Activation) -> None:
-    """The log line, once every patch (guards aside) is judged, and again on every change after that."""
+    """The log line (``says.state_line``), once every patch is judged, again on every change after that."""
+    from dspark_hotfix import says
+
     with _lock:
-        records = list(activation.records.values())
-        # It waits for every patch's verdict, and for a guard whose module is imported (its hook is still
-        # to run), not for one whose module this process may never import (kv_view_guard in an API server).
-        if not activation.enabled or any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules)
-                                         for r in records):
-            return
-        rows = [_row(r) for r in records]
-        names = {s: [row["name"] + (f" until {r.patch.module} is imported" if s == PENDING else "")
-                     for r, row in zip(records, rows, strict=True) if row["state"] == s] for s in STATES}
-        line = f"{verdict(rows)}: " + ", ".join(f"{len(n)} {s}" + (f" ({', '.join(n)})" if s != NOT_NEEDED else "")
-                                                for s, n in names.items() if n)
-        if line == activation.said:
+        line = says.state_line(activation) if activation.enabled else None
+        if line is None or line == activation.said:
             return
         activation.said = line
     _say(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
                        f"{line}")
-
-
-def _row(r: Record) -> dict[str, Any]:
-    """A record as status() gives it; a patched function that is no longer the shim's wrapper is failed."""
-    state, detail = r.state, r.detail
-    if state == PATCHED and _attribute(sys.modules.get(r.patch.module), r.patch.qualname)[2] is not r.wrapper:
-        state, detail = FAILED, f"patched, then replaced: {r.patch.target} is no longer the shim's wrapper " \
-                                "(its module reloaded?); restart the process"
-    return {"name": r.patch.name, "target": r.patch.target, "state": state, "needed": r.needed,
-            "calls": r.calls, "corrections": r.corrections, "detail": detail}
-
-
-def status() -> dict[str, Any]:
-    """What the shim did in this process; reads the records' states, changes nothing."""
-    activation = _active
-    watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
-    off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
-    records = list(activation.records.values()) if activation is not None else \
-        [Record(p, PENDING, "waiting for vLLM to be imported") if watcher else
-         Record(p, DISABLED, "not installed in this process" if dspark_hotfix.enabled() else off) for p in ALL]
-    rows = [_row(r) for r in records]
-    return {"schema": SCHEMA, "version": dspark_hotfix.__version__, "pid": os.getpid(),
-            "activated_by": activation.source if activation is not None else getattr(watcher, "source", None),
-            "enabled": dspark_hotfix.enabled(),
-            "strict": (activation.settings if activation is not None else config.Settings(p.name for p in ALL)).strict,
-            "verdict": verdict(rows), "patches": rows}

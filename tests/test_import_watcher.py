@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tests.conftest import IMPORT_ALL, STATUS, last_json, patch_names, run_python
 
-ALL_INSTALLED = dict.fromkeys(patch_names(), "installed")
+ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
 
 
 def states(stdout: str) -> dict[str, str]:

@@ -43,8 +43,8 @@ WRAPT = "wrapt==1.17.3"  # the real-vLLM venv's (tests/real_vllm/venvs.py)
 # On 0.25.0 the upstream fix is in (the spec and remap corrections are not needed); its hybrid-off
 # grouping still loses the layout, which kv_cache_groups and kv_view_guard cover.
 EXPECTED = {"remap_dspark_name": "not_needed", "attention_kv_cache_spec": "not_needed",
-            "swa_kv_cache_spec": "not_needed", "kv_cache_groups": "installed",
-            "draft_load_coverage": "not_needed", "kv_view_guard": "installed"}
+            "swa_kv_cache_spec": "not_needed", "kv_cache_groups": "patched",
+            "draft_load_coverage": "not_needed", "kv_view_guard": "patched"}
 
 
 @dataclass(frozen=True)
