@@ -90,3 +90,36 @@ def test_every_recipe_that_does_not_run_here_says_what_it_needs_and_where_it_is_
 def test_docs_spell_states_as_the_output_does():
     for doc in DOCS:
         assert "`not needed`" not in (REPO / doc).read_text(), doc
+
+
+# An absolute path of the machine a doc was written on: a home, a developer's work tree, a test's scratch
+# directory. A reader has none of them. /tmp/<name> is fine where a committed script makes that directory.
+MACHINE_PATH = re.compile(r"(?<![\w.~$<>-])(/(?:work|root|home|Users|private|mnt|scratch)/[^\s`'\")\]]*"
+                          r"|/var/folders/\S*|/tmp/[^\s`'\")\]:/]+)")
+
+
+def committed_docs() -> list[str]:
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    return sorted(set(out))
+
+
+def made_by_a_script(path: str) -> bool:
+    scripts = [p for p in (*(REPO / "scripts").rglob("*"), *(REPO / "tests").rglob("*.py"))
+               if p.is_file() and p != Path(__file__).resolve()]
+    named = re.compile(re.escape(path) + r"(?![\w.-])")
+    return path.startswith("/tmp/") and any(named.search(p.read_text(errors="replace")) for p in scripts)
+
+
+def test_no_doc_names_a_path_of_the_machine_it_was_written_on():
+    docs = committed_docs()
+    assert "docs/BENCHMARKS.md" in docs and "README.md" in docs
+    found = [f"{doc}:{n}: {m}" for doc in docs for n, line in enumerate((REPO / doc).read_text().splitlines(), 1)
+             for m in MACHINE_PATH.findall(line) if not made_by_a_script(m)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("line", ["ran `/work/wt18/.venv/bin/python -c pass`", "in /root/.cache/x/bin/python",
+                                  "PYTHONPATH=/home/dev/checkout", "python3 -m venv /tmp/v"])
+def test_a_machine_path_is_recognized(line):
+    assert [m for m in MACHINE_PATH.findall(line) if not made_by_a_script(m)], line
