@@ -5,6 +5,7 @@ Its init container's commands run for real in the OCI tier (tests/oci/test_oci_i
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -72,3 +73,25 @@ def test_the_server_imports_the_shim_from_the_volume_it_mounts_read_only(site):
     wheels = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["dspark-hotfix-wheels"]
     assert f'"{wheels}/dspark_hotfix-${{DSPARK_HOTFIX_VERSION}}-py3-none-any.whl"' in init["args"][0]
 
+
+def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, tmp_path):
+    # What docs/OPERATORS.md's Kubernetes removal names, and nothing else.
+    recipe = (REPO / "docs/OPERATORS.md").read_text().split("**Kubernetes.**", 1)[1].split("\n\n", 1)[0]
+    for named in ("`dspark-hotfix` init container", "`dspark-hotfix` and\n`dspark-hotfix-wheels` volumes",
+                  "`dspark-hotfix` volume mount", "`PYTHONPATH` and `DSPARK_HOTFIX` entries"):
+        assert named in recipe, named
+    (deployment,) = kubernetes.documents(site)
+    spec = deployment["spec"]["template"]["spec"]
+    del spec["initContainers"]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in ("dspark-hotfix", "dspark-hotfix-wheels")]
+    for container in spec["containers"]:
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "dspark-hotfix"]
+        container["env"] = [e for e in container["env"] if e["name"] not in ("PYTHONPATH", "DSPARK_HOTFIX")]
+        if not container["env"]:
+            del container["env"]
+    plain = tmp_path / "deployment.json"
+    plain.write_text(json.dumps(deployment))
+    text = plain.read_text()
+    assert "dspark_hotfix" not in text.lower() and "dspark-hotfix" not in text.lower() and "DSPARK_HOTFIX" not in text
+    proc = kubernetes.validate(site, plain, kubernetes.KUBERNETES[-1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr

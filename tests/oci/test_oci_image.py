@@ -23,6 +23,7 @@ import pytest
 
 import dspark_hotfix
 from tests import kubernetes, status_shape
+from tests.conftest import REPO
 from tests.oci import build
 
 pytestmark = pytest.mark.oci
@@ -154,6 +155,26 @@ def test_a_base_that_needs_no_fix_builds_only_when_allowed(fixed):
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
     assert got["wrapt"].startswith("2.")  # the image's own wrapt, kept
     assert fixed.allowed.json("python3", "/opt/standin/warmup.py")["error"] is None
+
+
+def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
+    (recipe,) = [b for b in re.findall(r"^```sh\n(.*?)^```", (REPO / "docs/OPERATORS.md").read_text(),
+                                       re.MULTILINE | re.DOTALL) if "pip uninstall -y dspark-hotfix" in b]
+    container = build.buildah("from", "--pull=never", reported.tag).stdout.strip()
+    try:
+        done = run_in(container, "sh", "-euc", recipe)
+        assert done.returncode == 0, done.stdout + done.stderr
+        off = run_in(container, "python3", "/opt/standin/warmup.py")
+        assert off.returncode == 0 and "dspark_hotfix" not in off.stdout + off.stderr, off.stdout + off.stderr
+        assert json.loads(off.stdout.splitlines()[-1])["error"] == REPORTED_ERROR
+        # pip removes no dependency: the wrapt the Dockerfile installed stays, unused.
+        found = run_in(container, "python3", "-c", "import importlib.util as u; print(u.find_spec('dspark_hotfix'), "
+                                                   "u.find_spec('wrapt') is not None)")
+        assert found.stdout.split() == ["None", "True"], found.stdout + found.stderr
+        image = run_in(container, "python3", "-c", "import os; print(os.environ['IMAGE_SITECUSTOMIZE_PID'])")
+        assert image.returncode == 0, image.stderr
+    finally:
+        build.buildah("rm", container, check=False)
 
 
 class Pod:
