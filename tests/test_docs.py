@@ -123,3 +123,25 @@ def test_no_doc_names_a_path_of_the_machine_it_was_written_on():
                                   "PYTHONPATH=/home/dev/checkout", "python3 -m venv /tmp/v"])
 def test_a_machine_path_is_recognized(line):
     assert [m for m in MACHINE_PATH.findall(line) if not made_by_a_script(m)], line
+
+
+def test_the_changelog_names_each_release_by_the_commit_that_set_its_version():
+    import dspark_hotfix
+
+    text = (REPO / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert sections[0] == "Unreleased", sections
+    releases = [re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d), commit ([0-9a-f]{7,})\)", s) for s in sections[1:]]
+    assert all(releases), sections
+    assert releases[0][1] == dspark_hotfix.__version__  # a version bump adds its section
+    for release in releases:
+        version, date, commit = release.groups()
+        source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:dspark_hotfix/__init__.py"],
+                                capture_output=True, text=True, check=True).stdout
+        assert f'__version__ = "{version}"' in source, release[0]
+        parent = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}~1:dspark_hotfix/__init__.py"],
+                                capture_output=True, text=True).stdout
+        assert f'__version__ = "{version}"' not in parent, f"{release[0]}: not the commit that set it"
+        day = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%ad", "--date=short", commit],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert day == date, release[0]
