@@ -145,3 +145,16 @@ def test_the_changelog_names_each_release_by_the_commit_that_set_its_version():
         day = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%ad", "--date=short", commit],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert day == date, release[0]
+
+
+def test_the_patch_guide_names_files_and_lists_that_exist():
+    guide = (REPO / "docs" / "WRITING_A_PATCH.md").read_text()
+    paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
+    assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
+    # The lists of patch names a new patch is added to, each where the guide says it is.
+    for name, path in (("PATCHES", "tests/test_activation.py"), ("IS_ORIGINAL", "tests/test_activation.py"),
+                       ("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
+                       ("OUTPUTS", "tests/test_faults.py"), ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
+                       ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
+                       ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
+        assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name
