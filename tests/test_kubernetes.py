@@ -95,3 +95,9 @@ def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, t
     assert "dspark_hotfix" not in text.lower() and "dspark-hotfix" not in text.lower() and "DSPARK_HOTFIX" not in text
     proc = kubernetes.validate(site, plain, kubernetes.KUBERNETES[-1])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_configmap_is_made_from_the_wheel_the_init_container_installs():
+    made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
+    for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
+        assert made in where.read_text(), where
