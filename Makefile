@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint unit real-vllm coexist-test oci-test oci-real ray-test gpu-evidence bench clean
+.PHONY: demo test lint unit real-vllm coexist-test oci-test oci-real ray-test gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu
 
 bench: $(VENV)/.ready  ## A/B costs of the shim (start-up, vLLM import, per call, memory) -> docs/BENCHMARKS.md
 	$(PY) bench/run.py
+
+dist: $(VENV)/.ready  ## the sdist and wheel, byte for byte the same on every rebuild of a commit, and dist/SHA256SUMS
+	$(PY) scripts/dist.py dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -208,3 +208,45 @@ def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
         assert report["verdict"] == "removable" and report["schema"] == 2
         assert {p["state"] for p in report["patches"]} == {"not_needed"}
         assert set(report["patches"][0]) == {"name", "target", "state", "needed", "calls", "corrections", "detail"}
+
+
+def checkout_copy(root: Path, umask: int, mtime: int) -> Path:
+    """The tracked files of this working tree, as another clone would have them: its umask, its file times."""
+    from tests.conftest import REPO
+
+    tracked = ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(tracked, check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source, copy = REPO / name, root / name
+        if source.is_symlink() or not source.is_file():
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+        copy.chmod((0o777 if os.access(source, os.X_OK) else 0o666) & ~umask)
+        os.utime(copy, (mtime, mtime))
+    return root
+
+
+def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
+    import hashlib
+    import time
+
+    from tests.conftest import REPO
+
+    epoch = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    built = []
+    for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000))):
+        tree = checkout_copy(tmp_path / f"clone{n}", umask, mtime)
+        out = tmp_path / f"dist{n}"
+        proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": epoch}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        built.append({p.name: p.read_bytes() for p in out.iterdir()})
+    first, second = built
+    assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
+                             f"dspark_hotfix-{__version__}.tar.gz"]
+    assert first == second  # byte for byte, the sums included
+    sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
+    assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
