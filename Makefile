@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint unit real-vllm oci-test oci-real ray-test gpu-evidence bench clean
+.PHONY: demo test lint unit real-vllm coexist-test oci-test oci-real ray-test gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,14 +18,17 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence scripts/e2e-h200 scripts/serve-h200 scripts/loc bench
 	$(PY) -m mypy
 
-test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray and real-vLLM tiers
+test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray, real-vLLM and coexistence tiers
 	$(PY) -m pytest
 
 unit: $(VENV)/.ready  ## the fast tiers only
-	$(PY) -m pytest -m "not real_vllm and not oci and not ray"
+	$(PY) -m pytest -m "not real_vllm and not oci and not ray and not coexist"
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm
+
+coexist-test: $(VENV)/.ready  ## only the coexistence tier: ddtrace and OpenTelemetry beside the shim on real vLLM 0.25.0
+	$(PY) -m pytest -m coexist
 
 oci-test: $(VENV)/.ready  ## only the OCI tier: the Dockerfile built and run with buildah (apt-get installs buildah, debootstrap if missing)
 	$(PY) -m pytest -m oci
@@ -44,6 +47,9 @@ gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu
 
 bench: $(VENV)/.ready  ## A/B costs of the shim (start-up, vLLM import, per call, memory) -> docs/BENCHMARKS.md
 	$(PY) bench/run.py
+
+dist: $(VENV)/.ready  ## the sdist and wheel, byte for byte the same on every rebuild of a commit, and dist/SHA256SUMS
+	$(PY) scripts/dist.py dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -28,7 +28,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from tests.real_vllm.venvs import ensure_venv  # noqa: E402
+from tests.real_vllm.venvs import cache_dir, ensure_venv  # noqa: E402
 
 STANDIN = REPO / "tests" / "standin"
 OUT = REPO / "docs" / "BENCHMARKS.md"
@@ -147,6 +147,17 @@ def noisy_verdict(r: tuple[float, float, float, float], limit: float) -> str:
     return "not resolved: within the noise" if r[1] <= limit else "**missed**"
 
 
+def shown(python: str) -> str:
+    """The interpreter as a reader names it: the checkout's venv from the repository root, the real-vLLM
+    tier's under the project's cache; never this machine's absolute path."""
+    path = Path(python)
+    if path.is_relative_to(REPO):
+        return str(path.relative_to(REPO))
+    if path.is_relative_to(cache_dir()):
+        return f"~/.cache/dspark-hotfix/{path.relative_to(cache_dir())}"
+    return path.name
+
+
 def versions(python: str) -> dict[str, str]:
     code = (
         "import json, platform, importlib.metadata as m\n"
@@ -194,7 +205,8 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
     lines += [
         "## 1. Interpreter start of a process that never imports vLLM",
         "",
-        f"`{python} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds. A: `PYTHONPATH=<repo>`; "
+        f"`{shown(python)} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds. "
+        "A: `PYTHONPATH=<repo>`; "
         "B: no `PYTHONPATH`; C: `PYTHONPATH=<repo> DSPARK_HOTFIX=0` (an operator's B arm, for reference); "
         "N: A from a copy of the shim without bytecode, under `PYTHONDONTWRITEBYTECODE=1` (a read-only volume or "
         "checkout: the two start-up modules are compiled at every start).",
@@ -278,7 +290,7 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], 
     lines += [
         f"## 2. `{IMPORT}` on real vLLM {VLLM}",
         "",
-        f"`{python} -c '{IMPORT}'`, {rounds} interleaved rounds after {warmup} warm-up round. In A the shim "
+        f"`{shown(python)} -c '{IMPORT}'`, {rounds} interleaved rounds after {warmup} warm-up round. In A the shim "
         "imports its registry and wrapt when `vllm` is imported and probes the targets "
         "as they are imported "
         f"(patch states at the end: {json.dumps(states)}).",
@@ -448,9 +460,9 @@ def main() -> int:
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average "
         f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (a shared machine: interleaving puts "
         "other load on every arm alike).",
-        f"- Dev venv (start-up, stand-in): Python {dev_v['python']}, wrapt {dev_v['wrapt']}, `{dev}`.",
+        f"- Dev venv (start-up, stand-in): Python {dev_v['python']}, wrapt {dev_v['wrapt']}, `{shown(dev)}`.",
         f"- vLLM venv: Python {real_v['python']}, vLLM {real_v['vllm']} (CPU), torch {real_v['torch']}, "
-        f"wrapt {real_v['wrapt']}, `{real}`.",
+        f"wrapt {real_v['wrapt']}, `{shown(real)}`.",
         "- Byte-compiled first: `python -m compileall -q dspark_hotfix sitecustomize.py tests/standin` with each "
         "interpreter (pip compiles at install; this environment sets PYTHONDONTWRITEBYTECODE=1, so without it "
         "every process would recompile the shim). `python -v` confirms the start-up modules load from `.pyc`.",

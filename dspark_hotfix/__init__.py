@@ -27,6 +27,12 @@ _enabled = None
 chained = None  # what chain() imported at start-up: {"file": ...} or {"error": ...}; None: nothing shadowed
 
 
+def say(text):
+    """A line on stderr, where there is one: ``2>&-`` leaves none, and start-up goes on without it."""
+    if sys.stderr is not None:
+        sys.stderr.write(text + "\n")
+
+
 def shown(raw, limit=60):
     """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
     text = repr(raw)
@@ -53,7 +59,7 @@ def enabled():
         _enabled = raw is None or raw.strip().lower() in TRUE_WORDS
         problem = switch_problem(ENABLE, raw, "the hotfix is OFF in this process")
         if problem:
-            sys.stderr.write(f"dspark_hotfix: {problem}\n")
+            say(f"dspark_hotfix: {problem}")
     return _enabled
 
 
@@ -75,6 +81,12 @@ class VllmImportWatcher:
     instead of running ahead of the hooks. It stays on ``sys.meta_path``:
     removing a finder while the import system iterates that list would skip the
     next finder.
+
+    The construction is deliberate and not new: ddtrace's module watchdog
+    (``ModuleWatchdog.find_spec`` in DataDog/dd-trace-py) asks the finders after
+    it itself and wraps the loader it gets, its fix for the same import-lock
+    deadlock; wrapt's importer (``ImportHookFinder``, the hooks' own mechanism)
+    guards its re-entry the way ``asking`` does here.
     """
 
     __slots__ = ("asking", "done", "source")
@@ -104,27 +116,47 @@ class VllmImportWatcher:
 
 
 class ActivatingLoader:
-    """A vLLM module's own loader, activating the registry before the module runs."""
+    """A vLLM module's own loader, activating the registry before the module runs.
 
-    __slots__ = ("loader", "watcher")
+    A transparent proxy, because other tools wrap it and keep it, by design as
+    in the prior art. ddtrace's ``ModuleWatchdog`` (``ddtrace/internal/module.py``)
+    walks ``sys.meta_path`` as the watcher does, wraps this loader, assigns
+    ``get_code`` on it to transform the module's code, and leaves it as the
+    module's ``__loader__``; availability checks copy and pickle the spec of
+    ``importlib.util.find_spec("vllm")``. So, like wrapt's ``ObjectProxy``, no
+    ``__slots__``: reads and writes go to the real loader, but for its own two
+    attributes, in its ``__dict__``, which is empty while ``copy`` or ``pickle``
+    rebuilds one (a look-up must fail then, not recurse). ``__loader__`` and
+    ``__spec__.loader`` go back to the real loader only where they still point
+    at the proxy, as wrapt's importer does (``_self_set_loader``): a loader
+    wrapped around this one (ddtrace's, wrapt's, ``importlib.util.LazyLoader``)
+    put itself there and restores what it wants; a module that refuses keeps it.
+    """
 
     def __init__(self, loader, watcher):
-        self.loader, self.watcher = loader, watcher
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
+        vars(self).update(loader=loader, watcher=watcher)  # __setattr__ writes to the real loader
 
     def exec_module(self, module):
         # The module keeps its real loader (pkgutil, importlib.resources and reload read it).
-        module.__loader__ = module.__spec__.loader = self.loader
+        for owner, name in ((module, "__loader__"), (getattr(module, "__spec__", None), "loader")):
+            try:
+                if getattr(owner, name, None) is self:
+                    setattr(owner, name, self.loader)
+            except (AttributeError, TypeError):
+                pass
         try:
             start(self.watcher.source)
         finally:
             self.watcher.done = True
         self.loader.exec_module(module)
 
-    def __getattr__(self, name):  # whatever else is asked of the real loader
+    def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
+        if "loader" not in vars(self):
+            raise AttributeError(name)
         return getattr(self.loader, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.loader, name, value)
 
 
 def start(source):
@@ -140,7 +172,7 @@ def start(source):
     except Exception as exc:
         if type(exc).__name__ == "HotfixError":  # strict mode: vLLM stops here
             raise
-        sys.stderr.write(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}\n")
+        say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
 
 def boot(sitecustomize_file):
@@ -172,14 +204,12 @@ def chain(sitecustomize_file):
     try:
         import sitecustomize  # (the shadowed one, if any)
 
-        chained = {"file": getattr(sitecustomize, "__file__", None)}
+        if getattr(sitecustomize, "boot", None) is not boot:  # another copy of ours recorded what it chained
+            chained = {"file": getattr(sitecustomize, "__file__", None)}
     except Exception as exc:
         if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
             chained = {"error": f"{type(exc).__name__}: {exc}"}
-            if sys.flags.verbose:
-                sys.excepthook(type(exc), exc, exc.__traceback__)
-            else:
-                sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{chained['error']}\n")
+            say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")
     finally:
         for i, p in taken:
             sys.path.insert(i, p)
@@ -189,7 +219,7 @@ def chain(sitecustomize_file):
 
 def __getattr__(name):
     if name in ("HotfixError", "install", "status"):
-        from dspark_hotfix import registry
+        from dspark_hotfix import registry, says
 
-        return getattr(registry, name)
+        return getattr(says if name == "status" else registry, name)
     raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,12 +68,38 @@ def interpreter_of(path: str, args: list[str]) -> list[str] | None:
             if found is None:
                 return None
             words = [found, *rest[1:]]
-    options = []
-    for word in words[1:]:  # the options before the script, -c or -m
-        if not word.startswith("-") or word in ("-", "-c", "-m") or word.startswith(("-c", "-m", "-W", "-X")):
+    return [words[0], *interpreter_options(words[1:])]
+
+
+def interpreter_options(args: list[str]) -> list[str]:
+    """The interpreter options at the head of a ``python`` command's ``args``, read as
+    CPython reads them (Python/getopt.c): short options combine (``-IBc``); ``-c`` and
+    ``-m`` end them, taking the rest of their word or the next one, and are left out
+    with what they take; ``-W`` and ``-X`` take the rest of their word or the next one,
+    ``--check-hash-based-pycs`` the next one; ``--``, ``-``, the script and the options
+    that only print (``-h``, ``-V``, ``--help``, ``--version``) end them."""
+    options: list[str] = []
+    words = iter(args)
+    for word in words:
+        if word == "--check-hash-based-pycs":
+            options += [word, next(words, "")]
+            continue
+        if not word.startswith("-") or word.startswith("--") or word == "-":
             break
-        options.append(word)
-    return [words[0], *options]
+        flags, letter, rest = re.fullmatch(r"-([^cmWXhV?]*)(.?)(.*)", word, re.S).groups()  # type: ignore[union-attr]
+        if letter in ("W", "X"):
+            options += [word] if rest else [word, next(words, "")]
+            continue
+        options += [f"-{flags}"] if flags else []
+        if letter:
+            break
+    return options
+
+
+# Wrappers that put a sitecustomize of their own first on PYTHONPATH and do not import the one it
+# shadows (opentelemetry-instrumentation 0.66b1): ours would never run in what they start. Started
+# outside the launcher, theirs is the one ours chains. ddtrace-run's chains (ddtrace 4.16.0).
+NOT_CHAINING = ("opentelemetry-instrument",)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -84,6 +111,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
         return 127
+    name = os.path.basename(command[0])
+    if name in NOT_CHAINING:
+        print(f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
+              f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
+              "dspark-hotfix run -- COMMAND", file=sys.stderr)
+        return 1
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
     if python is None:
@@ -91,11 +124,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         # Asked of the command's own interpreter with its own options: the shim is
         # active there only if interpreter start imported it.
-        proc = subprocess.run([*python, "-c", STARTED], env=env, capture_output=True, text=True)
+        proc = subprocess.run([*python, "-c", STARTED], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True)
         if proc.returncode != 0:
-            why = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
+            hint = f"; {install_hint(python[0])}" if proc.returncode == CANNOT_IMPORT else ""
             print(f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
-                  f"{command[0]}): {why}; {install_hint(python[0])}", file=sys.stderr)
+                  f"{command[0]}): {why}{hint}", file=sys.stderr)
             return 1
         checked = f"{' '.join(python)} starts it"
     off = "" if dspark_hotfix.enabled() else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
@@ -109,10 +144,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 126  # not reached
 
 
-STARTED = """import sys
-if "dspark_hotfix" not in sys.modules:
-    sys.exit("interpreter start did not import dspark_hotfix (-I, -E or -S, or a sitecustomize before ours)")
-import dspark_hotfix.registry, wrapt
+CANNOT_IMPORT = 4  # STARTED's exit status where the interpreter cannot import the shim or wrapt
+# It says why on stdout and leaves with os._exit: under -i a SystemExit would open the prompt, and
+# -v or -X importtime write lines of their own to stderr.
+STARTED = """import os, sys
+def stop(code, why):
+    print(why, flush=True)
+    os._exit(code)
+if sys.flags.no_site:
+    stop(1, "-S: it runs no site, so no sitecustomize; start it without -S")
+if sys.flags.ignore_environment:
+    stop(1, f"-{'I' if sys.flags.isolated else 'E'}: it ignores PYTHONPATH; start it without that option")
+started = "dspark_hotfix" in sys.modules
+try:
+    import dspark_hotfix.registry, wrapt
+except ImportError as exc:
+    stop(4, f"{type(exc).__name__}: {exc}")
+if not started:
+    stop(1, "interpreter start did not import dspark_hotfix: a sitecustomize ahead of ours")
 """
 
 

@@ -19,14 +19,14 @@ import sys
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, registry
+from dspark_hotfix import config, registry, says
 from dspark_hotfix.patches import ALL
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
 
 OK, PROBLEM, USAGE, NOT_NEEDED = 0, 1, 2, 3
-VERDICTS = {OK: "ok", PROBLEM: "problem", NOT_NEEDED: "not_needed"}
+EXIT = {"fixing": OK, "guarding": OK, "removable": NOT_NEEDED}  # says.verdict's words; any other: PROBLEM
 
 
 def version_of(dist: str) -> str | None:
@@ -45,27 +45,74 @@ def wrapt_supported(version: str) -> bool:
     return (major, minor) >= (1, 17) and major < 3
 
 
-def pythonpath_warnings(entries: list[str], chained: dict[str, Any] | None) -> list[str]:
+def cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def cut_or_none(raw: str | None) -> str | None:
+    return None if raw is None else cut(raw)
+
+
+def few(items: list[str], limit: int = 3) -> list[str]:
+    """At most ``limit`` of ``items``, each cut short, then "... (N more)": doctor's output
+    stays short whatever the environment holds, as config's warnings do."""
+    return [cut(item) for item in items[:limit]] + [f"... ({len(items) - limit} more)"] * (len(items) > limit)
+
+
+def is_shim(file: str) -> bool:
+    """Whether the sitecustomize.py at ``file`` is a copy of ours, known by where it lies (doctor
+    reads no files): in a dspark_hotfix package's start-up directory, or beside the package."""
+    here = os.path.dirname(os.path.realpath(file))
+    package = os.path.dirname(here) if os.path.basename(here) == "startup" else os.path.join(here, "dspark_hotfix")
+    return os.path.basename(package) == "dspark_hotfix" and os.path.isfile(os.path.join(package, "__init__.py"))
+
+
+def pythonpath_warnings(entries: list[str], site: dict[str, Any]) -> list[str]:
     """Entries that put the working directory (or a path relative to it) on sys.path,
-    and what the sitecustomize ours chained at start-up did, where it matters."""
+    and what the sitecustomize ours chained at start-up did, or one that failed, where it matters."""
     warnings = []
     if "" in entries:
         warnings.append("PYTHONPATH has an empty entry: the working directory is on sys.path of every process; "
                         "use `dspark-hotfix run`, or ${PYTHONPATH:+:$PYTHONPATH} when extending it")
-    warnings += [f"PYTHONPATH entry {e!r} is relative: what it means depends on the working directory"
-                 for e in dict.fromkeys(entries) if e and not os.path.isabs(e)]
-    file, error = (chained or {}).get("file"), (chained or {}).get("error")
+    relative = [e for e in dict.fromkeys(entries) if e and not os.path.isabs(e)]
+    if relative:
+        warnings.append(f"PYTHONPATH has relative entries, whose meaning depends on the working directory: "
+                        f"{', '.join(few([repr(e) for e in relative]))}")
+    file, error = (site["chained"] or {}).get("file"), (site["chained"] or {}).get("error")
     if file and os.path.dirname(os.path.realpath(file)) == os.path.realpath(os.getcwd()):
         warnings.append(f"the sitecustomize that ours ran at start-up is {file}, from the working directory")
+    copies = [e for e in dict.fromkeys(entries) if e and os.path.isfile(os.path.join(e, "sitecustomize.py"))
+              and is_shim(os.path.join(e, "sitecustomize.py"))]
+    if len(copies) > 1:  # each chains the next: it works, but which one runs depends on the order
+        warnings.append(f"PYTHONPATH has {len(copies)} copies of the shim's start-up directory "
+                        f"({', '.join(few(copies))}): keep one")
     if error:
         warnings.append(f"the sitecustomize that ours chained failed at start-up, in every process: {error}")
+    if site["failed"]:
+        warnings.append(f"{site['failed']} is on sys.path but start-up did not import it: it failed, in every "
+                        "process (site printed why on stderr)")
     return warnings
 
 
-def _sitecustomize() -> dict[str, Any]:
+def _sitecustomize(entries: list[str], activated_by: str | None) -> dict[str, Any]:
+    """The sitecustomize that won and what ours chained; where none is imported, the one on
+    sys.path that raised at start-up (``failed``); where a foreign one won and ours did not run,
+    the copy of ours on PYTHONPATH that it kept out (``ahead``): it does not chain."""
     module = sys.modules.get("sitecustomize")
+    file = getattr(module, "__file__", None)
     ours = getattr(module, "boot", None) is dspark_hotfix.boot
-    return {"ours": ours, "file": getattr(module, "__file__", None), "chained": dspark_hotfix.chained if ours else None}
+    chained = dspark_hotfix.chained if ours else None
+    if chained and "error" in chained:
+        chained = {"error": cut(str(chained["error"]))}
+    failed = None
+    if module is None and not sys.flags.no_site:  # site found none, or one that raised (site drops it)
+        # sys.path[0] (the script's directory, or the working directory) is added after start-up.
+        paths = sys.path[0 if getattr(sys.flags, "safe_path", False) else 1:]
+        failed = next((f for f in (os.path.join(p, "sitecustomize.py") for p in paths if p) if os.path.isfile(f)), None)
+    kept_out = [os.path.join(e, "sitecustomize.py") for e in entries if os.path.isabs(e)]
+    ahead = None if ours or file is None or activated_by == "sitecustomize" or sys.flags.ignore_environment else \
+        next((f for f in kept_out if os.path.isfile(f) and is_shim(f)), None)
+    return {"ours": ours, "file": file, "chained": chained, "failed": failed, "ahead": ahead}
 
 
 def _plugin() -> tuple[dict[str, Any], list[str]]:
@@ -78,10 +125,11 @@ def _plugin() -> tuple[dict[str, Any], list[str]]:
     except Exception:
         names = None if raw is None else raw.split(",")
     allowed = names is None or PLUGIN_NAME in names
-    problems = [f"VLLM_PLUGINS={raw!r}: vLLM reads the entry {n!r} with its spaces, so it does not load "
-                f"{PLUGIN_NAME}; write it without spaces" for n in names or () if n != n.strip() and
-                n.strip() == PLUGIN_NAME and not allowed]
-    return {"visible": visible, "allowed": allowed, "vllm_plugins": raw, "active": visible and allowed}, problems
+    spaced = [repr(n) for n in dict.fromkeys(names or ()) if n != n.strip() and n.strip() == PLUGIN_NAME]
+    problems = [f"VLLM_PLUGINS={dspark_hotfix.shown(raw)}: vLLM reads {', '.join(few(spaced))} with the spaces, "
+                f"so it does not load {PLUGIN_NAME}; write it without spaces"] if spaced and not allowed else []
+    return {"visible": visible, "allowed": allowed, "vllm_plugins": cut_or_none(raw),
+            "active": visible and allowed}, problems
 
 
 def row_problems(rows: list[dict[str, Any]]) -> list[str]:
@@ -117,7 +165,7 @@ def report(source: str) -> dict[str, Any]:
                 except Exception as exc:
                     problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
-    out = registry.status()
+    out = says.status()
     out["vllm"] = version
     out["problems"] = problems + (row_problems(out["patches"]) if version else [])
     return out
@@ -125,57 +173,73 @@ def report(source: str) -> dict[str, Any]:
 
 def diagnose() -> dict[str, Any]:
     out = report("doctor")
-    site = _sitecustomize()
-    plugin, plugin_problems = _plugin()
     raw_path = os.environ.get("PYTHONPATH")
     entries = raw_path.split(os.pathsep) if raw_path is not None else []
+    site = _sitecustomize(entries, out["activated_by"])
+    plugin, plugin_problems = _plugin()
     wrapt_version = version_of("wrapt")
     problems = out["problems"] + plugin_problems
+    warnings = pythonpath_warnings(entries, site)
+    # A tool's wrapper (opentelemetry-instrument) put its sitecustomize ahead of ours: a problem
+    # where that leaves no activation path, else a warning.
+    ahead = site["ahead"] and (f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so "
+                               "ours does not run: start `dspark-hotfix run` inside the tool's wrapper, which puts "
+                               "ours first and chains theirs (opentelemetry-instrument dspark-hotfix run -- COMMAND)")
     out.update(
         python={"version": sys.version.split()[0], "executable": sys.executable, "no_site": bool(sys.flags.no_site),
                 "ignore_environment": bool(sys.flags.ignore_environment), "isolated": bool(sys.flags.isolated)},
-        sitecustomize=site, plugin=plugin, pythonpath=entries,
+        sitecustomize=site, plugin=plugin, pythonpath=few(entries, 20),
         versions={"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt_version, "vllm": out.pop("vllm")},
         switches={"enabled": dspark_hotfix.enabled(), "strict": out["strict"],
-                  "patches": os.environ.get(config.PATCHES)},
-        warnings=pythonpath_warnings(entries, site["chained"]), problems=problems,
+                  "patches": cut_or_none(os.environ.get(config.PATCHES))},
+        warnings=warnings, problems=problems,
     )
     if out["versions"]["vllm"] and dspark_hotfix.enabled() and any(
             row["needed"] is not False and row["state"] != registry.EXCLUDED for row in out["patches"]):
         if not (site["ours"] or plugin["active"]):
-            problems.append("no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix run`), "
-                            "or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
+            problems.append(ahead or "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use "
+                            "`dspark-hotfix run`), or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
         if wrapt_version is None:
             problems.append(f"wrapt is not installed for {sys.executable}: {sys.executable} -m pip install "
                             "wrapt==1.17.3")
         elif not wrapt_supported(wrapt_version):
             problems.append(f"wrapt {wrapt_version} is not one the shim is tested with ({config.WRAPT_RANGE}): "
                             "install e.g. wrapt==1.17.3")
+    if ahead and ahead not in problems:
+        warnings.append(ahead)
     return verdict(out)
 
 
 def evaluate(report: dict[str, Any]) -> int:
-    """The exit code for a report's problems and patch rows (also ``status``'s)."""
-    guards = {p.name for p in ALL if p.guards}
-    patches = [row for row in report["patches"] if row["name"] not in guards]
-    if report["problems"] or not patches:
-        return PROBLEM
-    if all(row["needed"] is False for row in patches):
-        return NOT_NEEDED
-    return OK
+    """The exit code for a report's problems and the registry's verdict (also ``status``'s)."""
+    return PROBLEM if report["problems"] else EXIT.get(report["verdict"], PROBLEM)
 
 
 def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """The registry's verdict, unless the report found a problem: then ``problem``."""
     report["problems"] = list(dict.fromkeys(report["problems"]))
     code = evaluate(report)
-    report.update(verdict=VERDICTS[code], exit_code=code)
+    report.update(verdict=report["verdict"] if code != PROBLEM else "problem", exit_code=code)
     return report
 
 
 def _chained(chained: dict[str, Any] | None) -> str:
     if not chained:
         return ", shadows none"
-    return f", chained {chained['file']}" if "file" in chained else f", chained one that failed: {chained['error']}"
+    if "error" in chained:
+        return f", chained one that failed: {chained['error']}"
+    return f", chained {chained['file']}"
+
+
+# One wording for the line's verdict, doctor's and the docs' (README "When to remove it").
+WORDS = {
+    "fixing": "fixing: this vLLM has the reported bug; the fix will be active where it is needed",
+    "guarding": "guarding: the reported bug is fixed upstream in this vLLM; what the shim still adds is the early, "
+                "clear stop for DeepSeek-V4 with the hybrid KV cache manager off (kv_cache_groups); removable once "
+                "the fleet runs a vLLM where this says removable (0.28.0 on)",
+    "removable": "removable: this vLLM needs none of the patches; the shim is a no-op here and can be removed",
+    "problem": "PROBLEM: the fix will not be active where it is needed",
+}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -194,8 +258,5 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"patch         {row['name']}: {row['state']}: {row['detail']}")
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
-    words = {OK: "ok: the fix will be active where it is needed",
-             NOT_NEEDED: "not needed: this vLLM is fixed upstream; the shim is a no-op here and can be removed",
-             PROBLEM: "PROBLEM: the fix will not be active where it is needed"}
-    lines.append(f"verdict       {words[report['exit_code']]} (exit {report['exit_code']})")
+    lines.append(f"verdict       {WORDS[report['verdict']]} (exit {report['exit_code']})")
     return "\n".join(lines)

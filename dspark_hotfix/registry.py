@@ -2,33 +2,41 @@
 
 Interpreter start only inserts ``dspark_hotfix.VllmImportWatcher``; this module
 is imported when ``vllm`` is imported. :func:`activate` registers one wrapt
-post-import hook per patch. A hook fires when vLLM imports the patch's module
-(at once if it is imported already), asks the patch's probe whether the running
-vLLM needs it, and only then puts ``patch.replacement`` in front of vLLM's
-function. A guard is decided once, when the patches it guards are. Each record
-holds one state; :func:`status`, ``dspark-hotfix status`` and ``doctor``, and
-the summary line all read those states and nothing else.
+post-import hook per patch. A hook fires when vLLM has imported the patch's
+module (at once if it is imported already; a module another thread is still
+importing is waited for), asks the patch's probe whether the running vLLM needs
+it, and only then puts ``patch.replacement`` in front of vLLM's function. A
+guard is decided once the patches it guards are. Each record holds one state;
+:func:`status`, ``dspark-hotfix status`` and ``doctor``, and the log line all
+read those states, and ``says`` is the one reading of them (the verdict, the line).
+
+The log line: once every patch (guards aside) is judged, one INFO line gives
+the verdict and every record's state; a later change (a guard decided when its
+module is imported) gives a new, whole line. The last line of a pid is its state.
 
 The failure policy is :func:`_fail`, and only it:
 
 - a patch that cannot be applied (target missing, signature changed, wrapt
-  missing, a probe that raised) is reported (``status()``, one warning) and vLLM
-  runs unpatched;
+  missing or unusable, a probe that raised) is reported (``status()``, one
+  warning) and vLLM runs unpatched;
 - a correction that raises gives back vLLM's own answer, with one warning;
 - a guard's finding is logged as an error (``draft_load_coverage``), except
-  ``kv_view_guard``'s and ``kv_cache_groups``'s, which stop vLLM with an error
-  naming the cause: vLLM would stop anyway, with a less useful message;
-- with ``DSPARK_HOTFIX_STRICT=1`` each of these raises :class:`HotfixError`.
+  where the patch ``stops`` (``kv_view_guard``, ``kv_cache_groups``): vLLM is
+  stopped with an error naming the cause, as it would stop anyway, less clearly;
+- with ``DSPARK_HOTFIX_STRICT=1`` each of these raises :class:`HotfixError`,
+  and every retry of the import it aborted raises it again.
 
-Limits, stated rather than handled: ``importlib.reload`` of a target module
-builds new functions and wrapt's hooks fire once per module, so a reloaded
-target runs unpatched (as with wrapt itself). Nothing unwraps vLLM's functions
-in a running process: ``DSPARK_HOTFIX=0`` and a restart do.
+Limits: ``importlib.reload`` of a target module builds new functions and wrapt's
+hooks fire once per module, so a reloaded target runs unpatched (as with wrapt
+itself); ``status()`` then reports the patch ``failed``. Nothing unwraps vLLM's
+functions in a running process: ``DSPARK_HOTFIX=0`` and a restart do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -39,18 +47,17 @@ from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config
+from dspark_hotfix import config, metrics
 from dspark_hotfix.patches import ALL, Finding, Patch
 
 PENDING = "pending"  # not decided yet: its module is not imported (a guard: or its patches are undecided)
-INSTALLED = "installed"  # vLLM's function is wrapped
+PATCHED = "patched"  # vLLM's function is wrapped
 NOT_NEEDED = "not_needed"  # the running vLLM is already right: left untouched
 EXCLUDED = "excluded"  # judged, never applied: DSPARK_HOTFIX_PATCHES leaves it off
-FAILED = "failed"  # the target was imported but the patch could not be applied
+FAILED = "failed"  # the target was imported but the patch could not be applied (or is no longer applied)
 DISABLED = "disabled"  # the shim is off (judged, never applied, where doctor or status activate), or not installed
-
-SCHEMA = 1
-STOPS = frozenset({"kv_view_guard", "kv_cache_groups"})  # findings vLLM would not survive anyway
+STATES = (PATCHED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)  # what the verdict reads: see says.py
+SCHEMA = 2
 
 
 class HotfixError(RuntimeError):
@@ -69,12 +76,13 @@ class Record:
     """One patch in this process: its state and what the state rests on."""
 
     def __init__(self, patch: Patch, state: str = PENDING, detail: str = "") -> None:
-        self.patch, self.state, self.detail = patch, state, detail or f"waiting for {patch.module}"
+        self.patch, self.state = patch, state
+        self.detail = detail or f"waiting for {patch.module}" + (f" and the verdicts of {', '.join(patch.guards)}"
+                                                                 if patch.guards else "")
         self.needed: bool | None = None  # after the decision: None when it could not be judged
-        self.corrections = 0
-        self.calls = 0  # of the wrapper: the shim's whole cost while vLLM runs
+        self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.module: Any = None  # a guard's module, once imported
-        self.target: tuple[Any, str, Any] | None = None  # owner, name and vLLM's function, once wrapped
+        self.wrapper: Any = None  # what vLLM's function was replaced with
         self.warned = False
 
 
@@ -82,13 +90,11 @@ class Activation:
     """The activation of the registry in this process."""
 
     def __init__(self, source: str) -> None:
-        self.source = source
-        self.enabled = dspark_hotfix.enabled()
+        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ""  # said: the last line's state
         self.settings = config.Settings(p.name for p in ALL)
         self.records = {p.name: Record(p) for p in ALL}
         self.thread = threading.get_ident()
         self.done = threading.Event()  # every hook is registered (or activation gave up)
-        self.unsummarized: set[str] | None = None  # after the summary line: the patches it left pending
 
 
 # Guards `_active` and every state change. Never held while wrapt, vLLM's code
@@ -108,25 +114,32 @@ if not _log.handlers:  # vLLM's format, on a handler of our own: vLLM's logging 
 def _say(level: int, text: str) -> None:
     # This logger exists before vLLM configures logging (activation runs at `import vllm`): a
     # VLLM_LOGGING_CONFIG_PATH config without disable_existing_loggers=false would disable it and
-    # lose the one line per process. Naming "dspark_hotfix" in that config still sets its level.
+    # lose the line. Naming "dspark_hotfix" in that config still sets its level.
     _log.disabled = False
     _log.log(level, "%s", text)
 
 
+def _before_fork() -> None:
+    """A fork waits (10 s at most) for another thread's activation: the child would inherit the import
+    lock of ``vllm``, held by a thread it does not have, and hang on ``import vllm``. A fork during
+    vLLM's own import (seconds long) hangs such a child all the same: that hazard is Python's."""
+    if _active is not None and _active.thread != threading.get_ident():
+        _active.done.wait(10)
+
+
 def _after_fork_in_child() -> None:
-    """A child forked while another thread activated gets a fresh lock and, for an
-    activation left half-built, none at all (what it had wrapped put back, so that
-    no probe looks at vLLM through a wrapper): its own install() starts again."""
-    global _lock, _active
+    """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
+    the fork would hang every import in the child. An activation the wait above gave up on stays as
+    the fork left it (its undecided patches pending, never judged here) instead of hanging a caller."""
+    global _lock
     _lock = threading.Lock()
-    if _active is not None and not _active.done.is_set():
-        for record in _active.records.values():
-            if record.target is not None:
-                setattr(*record.target)  # owner, name, vLLM's own function
-        _active = None
+    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
+        importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
+    if _active is not None:
+        _active.done.set()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def install(source: str = "api") -> None:
@@ -154,49 +167,76 @@ def activate(source: str) -> None:
             _say(logging.WARNING, problem)
         try:
             import wrapt
-        except Exception as exc:  # absent, or broken in this environment
-            why = f"wrapt is not importable ({type(exc).__name__}: {exc})"
+
+            for record in activation.records.values():
+                name = record.patch.module
+                if _initializing(name):  # another thread is importing it: wait, as hooks judge whole modules
+                    with contextlib.suppress(Exception):  # (its own error is vLLM's to meet)
+                        importlib.import_module(name)
+                if _initializing(name):  # this very thread is, further up: no hook can judge it
+                    record.detail = f"{name} was part-way imported by this thread when the shim activated"
+                    continue
+                wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), name)
+            wrapt.register_post_import_hook(functools.partial(metrics.on_import, activation), "prometheus_client")
+        except HotfixError:  # a hook that fired at once: strict mode, or a stop
+            raise
+        except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
+            why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
             for record in activation.records.values():
                 _settle(activation, record, FAILED, None, why)
-            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, "
-                                    f"or set {config.ENABLE}=0. vLLM runs unpatched.", cause=exc)
+            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) where vLLM runs, or "
+                                    f"set {config.ENABLE}=0. vLLM runs unpatched.", cause=exc, refuse="vllm")
             return
-        for record in activation.records.values():
-            wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
     finally:
         activation.done.set()
+    _follow(activation)
+
+
+def _initializing(name: str) -> bool:
+    return bool(getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False))
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    if _active is not activation:  # a hook of an activation that a fork left half-built
+    if _active is not activation:  # a hook of an activation a fork left (the child started anew)
         return
     try:
-        if record.patch.guards:  # decided with the patches it guards, here or in their hooks
-            record.detail = f"waiting for the verdicts of {', '.join(record.patch.guards)}"
-            record.module = module
-        else:
-            _decide(activation, record, module)
-        for guard in activation.records.values():
-            if guard.module is not None and guard.state == PENDING:
-                _decide(activation, guard, guard.module)
-        _summarize(activation)
+        record.module = module
+        _decide(activation, record, module)
+        _follow(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
         _refuse(module.__name__, str(exc))
         raise
 
 
+def _follow(activation: Activation) -> None:
+    """After a decision: the guards it lets decide, the log line, then, once every other patch is
+    judged and every hook registered, an ``everywhere`` patch whose module vLLM did not import here
+    (``kv_cache_groups`` in a tensor-parallel worker): imported, so that its hook judges it, and this
+    process gives the verdict every other process gives."""
+    for guard in activation.records.values():
+        if guard.patch.guards and guard.state == PENDING:
+            _decide(activation, guard, guard.module)
+    _summarize(activation)
+    metrics.publish(activation)
+    records = activation.records.values()
+    if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
+        for r in records:
+            if r.state == PENDING and r.patch.everywhere and r.patch.module not in sys.modules:
+                with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
+                    importlib.import_module(r.patch.module)
+
+
 def _decide(activation: Activation, record: Record, module: Any) -> None:
-    """Judge ``record``'s patch on ``module``, then settle its one state."""
+    """Judge ``record``'s patch on ``module``, then settle its one state. A guard is judged once the
+    patches it guards are: not needed where none of them is (its module imported or not), else on its
+    module (where a guarded patch failed too: the guard is there for that)."""
     patch, target = record.patch, None
     try:
         if patch.guards:
             guarded = [activation.records[name] for name in patch.guards]
-            # Decided once the patches it guards are; one whose module this process may never import
-            # (kv_cache_groups in a tensor-parallel worker) counts as needed while it waits.
-            if any(r.state == PENDING and (not r.patch.absent or r.patch.module in sys.modules) for r in guarded):
+            on = [r.patch.name for r in guarded if r.needed is not False]
+            if any(r.state == PENDING for r in guarded) or (on and module is None):
                 return
-            on = [r.patch.name + (" (not judged yet)" if r.state == PENDING else "") for r in guarded
-                  if r.needed is not False]
             needed: bool | None = bool(on)
             why = f"needed (guards {', '.join(on)})" if on else \
                 f"not needed (guards {', '.join(patch.guards)}, none needed here)"
@@ -206,15 +246,18 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
             target = resolve(patch, module)
             assert patch.probe is not None
             needed, why = patch.probe(target[2])
-        state = INSTALLED if needed is not False else NOT_NEEDED
+        state = PATCHED if needed is not False else NOT_NEEDED
     except Absent as exc:
         needed, why, state = (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED) if patch.absent else \
             (None, str(exc), FAILED)
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, state = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
-    if _settle(activation, record, state, needed, why, target) == FAILED:
+    settled = _settle(activation, record, state, needed, why, target)
+    if settled == FAILED:
         _fail(activation, patch, f"cannot patch {patch.target}: {why}; vLLM runs unpatched ({_remedy(patch)})")
+    elif settled == EXCLUDED and needed is not False:
+        _say(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {patch.name}")
 
 
 def _remedy(patch: Patch) -> str:
@@ -232,28 +275,32 @@ def _settle(activation: Activation, record: Record, state: str, needed: bool | N
             state, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             state, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
-        elif state == INSTALLED and target is not None:
+        elif state == PATCHED and target is not None:
             owner, name, original = target
-            setattr(owner, name, _wrap(activation, record, original))
-            record.target = target
+            record.wrapper = _wrap(activation, record, original)
+            setattr(owner, name, record.wrapper)
         record.state, record.needed, record.detail = state, needed, why
         return state
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          level: int = logging.WARNING, cause: BaseException | None = None) -> None:
+          level: int = logging.WARNING, cause: BaseException | None = None, refuse: str = "") -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
-    finding vLLM would not survive, stop it with the same words."""
+    finding vLLM would not survive, stop it with the same words (and, where
+    ``refuse`` names a module, every later import of it too)."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if stop or activation.settings.strict:
+        if refuse:
+            _refuse(refuse, text)
         raise HotfixError(text) from cause
     _say(level, text)
 
 
 def _refuse(module: str, error: str) -> None:
     """Strict mode: wrapt has dropped the hook whose HotfixError aborted ``module``'s
-    import; this finder fails every retry of that import the same way, instead of
-    letting it load unpatched. Under the import lock it only compares a name."""
+    import (or there is no usable wrapt to hook it); this finder fails every retry of
+    that import the same way, instead of letting it load unpatched. Under the import
+    lock it only compares a name."""
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> None:
         if fullname == module:
             raise HotfixError(error)
@@ -261,15 +308,19 @@ def _refuse(module: str, error: str) -> None:
     sys.meta_path.insert(0, types.SimpleNamespace(find_spec=find_spec))
 
 
+def _attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
+    """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such one)."""
+    owner_name, dot, name = qualname.rpartition(".")
+    owner = getattr(module, owner_name, None) if dot else module
+    return owner, name, vars(owner).get(name) if isinstance(owner, (type, types.ModuleType)) else None
+
+
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     """The owner, attribute name and plain function ``patch`` targets in ``module``."""
-    owner_name, dot, name = patch.qualname.rpartition(".")
-    owner: Any = getattr(module, owner_name, None) if dot else module
-    if dot and not isinstance(owner, type):
-        raise Absent(f"{module.__name__} has no class {owner_name}")
-    function = vars(owner).get(name)
+    owner, name, function = _attribute(module, patch.qualname)
     if function is None:
-        raise Absent(f"{owner.__name__} defines no {name}")
+        raise Absent(f"{owner.__name__} defines no {name}" if isinstance(owner, (type, types.ModuleType)) else
+                     f"{module.__name__} has no class {patch.qualname.rpartition('.')[0]}")
     if not inspect.isfunction(function):  # a staticmethod or another tool's proxy binds differently
         raise Unavailable(f"{patch.qualname} is a {type(function).__name__}, not a plain function")
     parameters = tuple(inspect.signature(function).parameters)
@@ -286,100 +337,46 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         record.calls += 1
-        answers: list[Any] = []
+        answered, answer, raising = False, None, False
 
         def vllm(*a: Any, **kw: Any) -> Any:
-            answers.append(record)  # marks the call: vLLM's own error passes through as it is
-            answers[0] = original(*a, **kw)
-            return answers[0]
+            nonlocal answered, answer, raising
+            raising = True
+            answer = original(*a, **kw)
+            raising, answered = False, True
+            return answer
 
         try:
             result = patch.replacement(vllm, *args, **kwargs)
         except Exception as exc:
-            if answers and answers[0] is record:
+            if raising:  # vLLM's own error passes through as it is
                 raise
             if isinstance(exc, Finding):
                 guarded = "".join(f"; {r.patch.name} {r.state} ({r.detail})" for r in
                                   (activation.records[name] for name in patch.guards))
-                _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=patch.name in STOPS,
+                _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=patch.stops,
                       level=logging.ERROR)
             elif not record.warned or activation.settings.strict:
-                record.warned = True
-                what = "check" if patch.guards else "correction"
+                record.warned, what = True, "check" if patch.guards else "correction"
                 record.detail += f"; {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
                 _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
                                          f"result is returned ({_remedy(patch)})", cause=exc)
-            return answers[0] if answers else original(*args, **kwargs)
-        if not answers or result is not answers[0]:
+            return answer if answered else original(*args, **kwargs)
+        if not answered or result is not answer:
             record.corrections += 1
         return result
 
     return patched
 
 
-WORDS = {INSTALLED: "patched", NOT_NEEDED: "not needed", EXCLUDED: "excluded", FAILED: "failed", PENDING: "pending"}
-
-
 def _summarize(activation: Activation) -> None:
-    """One INFO line per process, once every patch is decided, and every guard whose
-    module is imported: the records' states. A patch it left pending and decided
-    later gets a line of its own."""
+    """The log line (``says.state_line``), once every patch is judged, again on every change after that."""
+    from dspark_hotfix import says
+
     with _lock:
-        records = list(activation.records.values())
-        if not activation.enabled:
+        line = says.state_line(activation) if activation.enabled else None
+        if line is None or line == activation.said:
             return
-        first = activation.unsummarized is None
-        if activation.unsummarized is None:  # (not `first`: mypy narrows the set on this test alone)
-            if any(r.state == PENDING and not ((r.patch.guards or r.patch.absent) and r.patch.module not in sys.modules)
-                   for r in records):
-                return  # a record whose module is imported has its hook still to run
-            removable = all(r.needed is False for r in records if not r.patch.guards)
-            # after "removable" the guards, which follow their patches, need no line of their own
-            activation.unsummarized = set() if removable else {r.patch.name for r in records if r.state == PENDING}
-            later = []
-        else:
-            later = [r for r in records if r.patch.name in activation.unsummarized and r.state != PENDING]
-            activation.unsummarized.difference_update(r.patch.name for r in later)
-    head = f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()})"
-    for r in later:
-        _say(logging.INFO, f"{head}: {r.patch.name} {WORDS[r.state]}, now that {r.patch.module} is imported")
-    if not first:
-        return
-    left_off = [r.patch.name for r in records if r.state == EXCLUDED and r.needed is not False]
-    if left_off:
-        _say(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {', '.join(left_off)}")
-    head += f" via {activation.source}"
-    if removable:
-        _say(logging.INFO, f"{head}: not needed on this vLLM (fixed upstream), removable")
-        return
-    counts = {s: [r.patch.name + (f" until {r.patch.module} is imported" if s == PENDING else "") for r in records
-                  if r.state == s] for s in WORDS}
-    _say(logging.INFO, f"{head}: " + ", ".join(f"{len(names)} {WORDS[s]}" + (f" ({', '.join(names)})" if s not in (
-        INSTALLED, NOT_NEEDED) else "") for s, names in counts.items() if names))
-
-
-def status() -> dict[str, Any]:
-    """What the shim did in this process; reads the records' states, changes nothing."""
-    activation = _active
-    watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
-    if activation is not None:
-        records = list(activation.records.values())
-    elif watcher is not None:
-        records = [Record(p, PENDING, "waiting for vLLM to be imported") for p in ALL]
-    else:
-        why = "not installed in this process" if dspark_hotfix.enabled() else \
-            f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
-        records = [Record(p, DISABLED, why) for p in ALL]
-    return {
-        "schema": SCHEMA,
-        "version": dspark_hotfix.__version__,
-        "pid": os.getpid(),
-        "activated_by": activation.source if activation is not None else getattr(watcher, "source", None),
-        "enabled": dspark_hotfix.enabled(),
-        "strict": (activation.settings if activation is not None else config.Settings(p.name for p in ALL)).strict,
-        "patches": [
-            {"name": r.patch.name, "target": r.patch.target, "state": r.state, "needed": r.needed,
-             "calls": r.calls, "corrections": r.corrections, "detail": r.detail}
-            for r in records
-        ],
-    }
+        activation.said = line
+    _say(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
+                       f"{line}")

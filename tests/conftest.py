@@ -139,19 +139,24 @@ def warning_lines(stderr: str) -> list[str]:
 
 
 def summary_lines(stderr: str) -> list[str]:
-    """The one INFO line per process that says what the shim did there."""
+    """The shim's INFO lines that give a process's state: the first once every patch is judged, one
+    more on every change after it (each whole: the verdict, then every record's state)."""
     return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\) via ", line)]
 
 
+def state_of(line: str) -> str:
+    """A state line without its head (version, pid and activation path)."""
+    return line.split(": ", 1)[1]
+
+
+# The line of a process that patched everything (the reverted stand-in, every target imported).
+ALL_PATCHED = ("fixing: 6 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
+               "draft_load_coverage, kv_view_guard)")
+
 # The engine core's import order on vLLM 0.25.0: KV-cache grouping and the model's targets first,
-# the V2 runner's attn_utils (kv_view_guard's module) after the summary line.
+# the V2 runner's attn_utils (kv_view_guard's module) after the first line.
 ENGINE_CORE_FIRST = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n"
                      "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n")
-
-
-def later_lines(stderr: str) -> list[str]:
-    """The INFO lines for patches the summary line left pending, each decided later."""
-    return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\): ", line)]
 
 
 def json_lines(stdout: str) -> list[object]:

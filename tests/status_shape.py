@@ -1,4 +1,4 @@
-"""``dspark_hotfix.status()`` (schema 1) as the OCI and Ray tiers read it from another process."""
+"""``dspark_hotfix.status()`` (schema 2) as the OCI and Ray tiers read it from another process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ FIXES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
 
 def rows(status: dict[str, Any]) -> dict[str, dict]:
     """Per-patch rows by name."""
-    assert status["schema"] == 1, status
+    assert status["schema"] == 2, status
     return {row["name"]: row for row in status["patches"]}
 
 
@@ -24,4 +24,4 @@ def pid(status: dict[str, Any]) -> int:
 def fixes_installed(status: dict[str, Any]) -> bool:
     """The three corrections are wrapped around vLLM's functions."""
     got = rows(status)
-    return all(got[name]["state"] == "installed" for name in FIXES)
+    return all(got[name]["state"] == "patched" for name in FIXES)

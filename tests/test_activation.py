@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from dspark_hotfix import __version__
 from tests.conftest import (
+    ALL_PATCHED,
     ENGINE_CORE_FIRST,
     REPO,
     STANDIN,
     STATUS,
+    clean_env,
     last_json,
-    later_lines,
     log_lines,
     run_python,
     summary_lines,
@@ -42,13 +46,14 @@ print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__
 def test_pythonpath_activation_patches_every_target_on_import():
     proc = run_python(TARGETS + STATUS)
     rows = last_json(proc.stdout)
-    assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "installed")
+    assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "patched")
     assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
     # One line for the process, in vLLM's format, and nothing else at the default level.
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INFO ")
     (summary,) = summary_lines(proc.stderr)
-    assert summary == f"dspark_hotfix {__version__} (pid {rows['kv_view_guard']['pid']}) via sitecustomize: 6 patched"
+    pid = rows["kv_view_guard"]["pid"]
+    assert summary == f"dspark_hotfix {__version__} (pid {pid}) via sitecustomize: {ALL_PATCHED}"
 
 
 def test_warmup_crashes_without_the_shim_and_runs_with_it():
@@ -88,27 +93,26 @@ def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first
     code = "import vllm.v1.worker.gpu.attn_utils\n" + STATUS + "\n" + TARGETS + STATUS
     first, then = (__import__("json").loads(line) for line in run_python(code).stdout.strip().splitlines()[-2:])
     assert first["kv_view_guard"]["state"] == "pending"
-    assert "waiting for the verdicts" in first["kv_view_guard"]["detail"]
-    assert then["kv_view_guard"]["state"] == "installed"
+    assert "and the verdicts of attention_kv_cache_spec" in first["kv_view_guard"]["detail"]
+    assert then["kv_view_guard"]["state"] == "patched"
 
 
-def test_a_guard_decided_after_the_summary_line_gets_a_line_of_its_own():
+def test_a_guard_decided_after_the_first_line_gives_a_new_whole_line():
     # The engine core's order on vLLM 0.25.0: KV-cache grouping and the model first, the V2
-    # runner's attn_utils later. The summary line leaves kv_view_guard pending; an operator reading
-    # the log must see it decided too, once, when it is.
+    # runner's attn_utils later. The first line leaves kv_view_guard pending; an operator reading
+    # the log must see it decided too, once, when it is, in a line that is the whole state again.
     first = ENGINE_CORE_FIRST
     proc = run_python(first + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS)
     rows = last_json(proc.stdout)
-    pid = rows["kv_view_guard"]["pid"]
-    (summary,) = summary_lines(proc.stderr)
-    assert summary.endswith("5 patched, 1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)")
-    assert later_lines(proc.stderr) == [
-        f"dspark_hotfix {__version__} (pid {pid}): kv_view_guard patched, now that vllm.v1.worker.gpu.attn_utils "
-        "is imported"
+    head = f"dspark_hotfix {__version__} (pid {rows['kv_view_guard']['pid']}) via sitecustomize: "
+    assert summary_lines(proc.stderr) == [
+        head + "fixing: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
+               "draft_load_coverage), 1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)",
+        head + ALL_PATCHED,
     ]
-    assert rows["kv_view_guard"]["state"] == "installed"
+    assert rows["kv_view_guard"]["state"] == "patched"
     # a process that never imports the runner's module says nothing more
-    assert later_lines(run_python(first + STATUS).stderr) == []
+    assert len(summary_lines(run_python(first + STATUS).stderr)) == 1
 
 
 def test_draft_load_guard_names_the_unloaded_layers_when_the_remap_is_off():
@@ -160,20 +164,20 @@ def test_hooks_fire_when_installed_after_vllm_is_imported():
     proc = run_python(f"import sys; sys.path.append({str(REPO)!r})\n" + code, path=(STANDIN,))
     originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     assert originals == [False] * len(PATCHES)
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"api"}
 
 
 def test_selection_patches_only_the_named_patch():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
-    assert rows["swa_kv_cache_spec"]["state"] == "installed"
+    assert rows["swa_kv_cache_spec"]["state"] == "patched"
     assert {rows[n]["state"] for n in PATCHES if n != "swa_kv_cache_spec"} == {"excluded"}
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}).stdout)
     assert rows["remap_dspark_name"]["state"] == "excluded"
-    assert rows["swa_kv_cache_spec"]["state"] == "installed"
+    assert rows["swa_kv_cache_spec"]["state"] == "patched"
 
 
 @pytest.mark.parametrize(
@@ -185,11 +189,11 @@ def test_malformed_value_warns_once_and_uses_the_default(var, value):
     warnings = warning_lines(proc.stderr)
     assert warnings[0].startswith(var) and repr(value.split(",")[-1]) in warnings[0]
     if var == "DSPARK_HOTFIX_PATCHES":  # and, once, what the selection leaves off
-        assert warnings[1:] == ["DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: remap_dspark_name, "
-                                "attention_kv_cache_spec, kv_cache_groups, draft_load_coverage, kv_view_guard"]
+        assert sorted(warnings[1:]) == [f"DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: {name}" for name in (
+            "attention_kv_cache_spec", "draft_load_coverage", "kv_cache_groups", "kv_view_guard", "remap_dspark_name")]
     else:
         assert len(warnings) == 1
-    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
+    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
 
 
 @pytest.fixture
@@ -208,7 +212,7 @@ def test_unexpected_signature_warns_and_vllm_runs_unpatched(broken_standin):
     rows = last_json(proc.stdout)
     assert rows["swa_kv_cache_spec"]["state"] == "failed"
     assert "unexpected signature" in rows["swa_kv_cache_spec"]["detail"]
-    assert rows["attention_kv_cache_spec"]["state"] == "installed"
+    assert rows["attention_kv_cache_spec"]["state"] == "patched"
     warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "swa_kv_cache_spec" in warnings[0] and "vLLM runs unpatched" in warnings[0]
 
@@ -231,7 +235,7 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
                       path=(REPO, STANDIN, other))
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
     assert proc.stdout.strip().splitlines()[-1] == "1"
-    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))["swa_kv_cache_spec"]["state"] == "installed"
+    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))["swa_kv_cache_spec"]["state"] == "patched"
 
 
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
@@ -239,8 +243,8 @@ def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
     proc = run_python(TARGETS + STATUS, path=(REPO, STANDIN, other))
-    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nValueError: broken image" in proc.stderr
-    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "installed"
+    assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
+    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
 
 
 def test_spawn_children_are_each_patched():
@@ -249,6 +253,7 @@ import multiprocessing as mp, json
 
 def child(_):  # a tensor-parallel worker: the runner and the model, not (yet) vLLM's KV-cache grouping
     import dspark_hotfix, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention, os
+    import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa
     return os.getpid(), [r['state'] for r in dspark_hotfix.status()['patches']]
 
 if __name__ == '__main__':
@@ -261,8 +266,8 @@ if __name__ == '__main__':
     proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
     results = last_json(proc.stdout)
     assert len(results) == 8
-    # kv_cache_groups waits for its module; kv_view_guard, which guards it, counts it as needed meanwhile.
-    expected = ["pending" if name == "kv_cache_groups" else "installed" for name in PATCHES]
+    # vLLM never imports kv_cache_groups's module in a worker; the shim does, to judge it as everywhere.
+    expected = ["patched"] * len(PATCHES)
     assert all(states == expected for _, states in results)
     assert len(summary_lines(proc.stderr)) >= len({pid for pid, _ in results})
 
@@ -307,7 +312,7 @@ def test_doctor_judges_guards_as_the_hooks_do():
     assert "swa_kv_cache_spec is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
     hooks = last_json(run_python(TARGETS + STATUS, env=env).stdout)
     assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
-    assert hooks["kv_view_guard"]["state"] == "installed"
+    assert hooks["kv_view_guard"]["state"] == "patched"
 
 
 def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do():
@@ -387,4 +392,25 @@ def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_
     code = 'import logging.config, vllm\nlogging.config.dictConfig({"version": 1})\n' + TARGETS
     proc = run_python(code)
     (summary,) = summary_lines(proc.stderr)
-    assert summary.endswith("via sitecustomize: 6 patched")
+    assert summary.endswith(f"via sitecustomize: {ALL_PATCHED}")
+
+
+@pytest.mark.parametrize("value", ["", "bogus", "1"])
+def test_with_stderr_closed_interpreter_start_goes_on(value):
+    # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
+    env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
+    code = "import vllm.models.deepseek_v4.attention; print('ran')"
+    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}" 2>&-'], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
+
+
+def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_decided_after_the_first_line():
+    proc = run_python(ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n",
+                      env={"DSPARK_HOTFIX_PATCHES": "-kv_view_guard"})
+    lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
+    warned = lines.index("DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: kv_view_guard")
+    assert warned > first  # decided when the V2 runner's module came, after the first line
+    assert lines[-1].endswith("problem: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, "
+                              "kv_cache_groups, draft_load_coverage), 1 excluded (kv_view_guard)")

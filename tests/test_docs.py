@@ -77,7 +77,7 @@ def test_recipe_runs_and_patches_every_vllm_it_starts(image, wheel, doc, n, bloc
         if line.startswith("vllm-stub "):
             seen = json.loads(line[len("vllm-stub "):])
             states = {row["state"] for row in seen["status"]["patches"]}
-            assert states == {"installed"}, f"{doc} block {n}: {seen['status']}"
+            assert states == {"patched"}, f"{doc} block {n}: {seen['status']}"
             assert "" not in seen["sys_path"] and str(image["checkout"]) not in seen["sys_path"], seen["sys_path"]
 
 
@@ -90,3 +90,71 @@ def test_every_recipe_that_does_not_run_here_says_what_it_needs_and_where_it_is_
 def test_docs_spell_states_as_the_output_does():
     for doc in DOCS:
         assert "`not needed`" not in (REPO / doc).read_text(), doc
+
+
+# An absolute path of the machine a doc was written on: a home, a developer's work tree, a test's scratch
+# directory. A reader has none of them. /tmp/<name> is fine where a committed script makes that directory.
+MACHINE_PATH = re.compile(r"(?<![\w.~$<>-])(/(?:work|root|home|Users|private|mnt|scratch)/[^\s`'\")\]]*"
+                          r"|/var/folders/\S*|/tmp/[^\s`'\")\]:/]+)")
+
+
+def committed_docs() -> list[str]:
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    return sorted(set(out))
+
+
+def made_by_a_script(path: str) -> bool:
+    scripts = [p for p in (*(REPO / "scripts").rglob("*"), *(REPO / "tests").rglob("*.py"))
+               if p.is_file() and p != Path(__file__).resolve()]
+    named = re.compile(re.escape(path) + r"(?![\w.-])")
+    return path.startswith("/tmp/") and any(named.search(p.read_text(errors="replace")) for p in scripts)
+
+
+def test_no_doc_names_a_path_of_the_machine_it_was_written_on():
+    docs = committed_docs()
+    assert "docs/BENCHMARKS.md" in docs and "README.md" in docs
+    found = [f"{doc}:{n}: {m}" for doc in docs for n, line in enumerate((REPO / doc).read_text().splitlines(), 1)
+             for m in MACHINE_PATH.findall(line) if not made_by_a_script(m)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("line", ["ran `/work/wt18/.venv/bin/python -c pass`", "in /root/.cache/x/bin/python",
+                                  "PYTHONPATH=/home/dev/checkout", "python3 -m venv /tmp/v"])
+def test_a_machine_path_is_recognized(line):
+    assert [m for m in MACHINE_PATH.findall(line) if not made_by_a_script(m)], line
+
+
+def test_the_changelog_names_each_release_by_the_commit_that_set_its_version():
+    import dspark_hotfix
+
+    text = (REPO / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert sections[0] == "Unreleased", sections
+    releases = [re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d), commit ([0-9a-f]{7,})\)", s) for s in sections[1:]]
+    assert all(releases), sections
+    assert releases[0][1] == dspark_hotfix.__version__  # a version bump adds its section
+    for release in releases:
+        version, date, commit = release.groups()
+        source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:dspark_hotfix/__init__.py"],
+                                capture_output=True, text=True, check=True).stdout
+        assert f'__version__ = "{version}"' in source, release[0]
+        parent = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}~1:dspark_hotfix/__init__.py"],
+                                capture_output=True, text=True).stdout
+        assert f'__version__ = "{version}"' not in parent, f"{release[0]}: not the commit that set it"
+        day = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%ad", "--date=short", commit],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert day == date, release[0]
+
+
+def test_the_patch_guide_names_files_and_lists_that_exist():
+    guide = (REPO / "docs" / "WRITING_A_PATCH.md").read_text()
+    paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
+    assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
+    # The lists of patch names a new patch is added to, each where the guide says it is.
+    for name, path in (("PATCHES", "tests/test_activation.py"), ("IS_ORIGINAL", "tests/test_activation.py"),
+                       ("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
+                       ("OUTPUTS", "tests/test_faults.py"), ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
+                       ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
+                       ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
+        assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name

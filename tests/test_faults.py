@@ -25,7 +25,8 @@ SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
 KVI = "vllm/v1/kv_cache_interface.py"
 
 # What the driver calls for each patch: the outputs that must match vLLM as shipped.
-OUTPUTS = {SWA: ("swa",), ATTENTION: ("attention",), REMAP: ("remap", "load"), LOAD: ()}
+GROUPS = "kv_cache_groups"  # the shim imports its module to judge it, as in a tensor-parallel worker
+OUTPUTS = {SWA: ("swa",), ATTENTION: ("attention",), REMAP: ("remap", "load"), LOAD: (), GROUPS: ()}
 
 
 @dataclass
@@ -79,7 +80,7 @@ FAULTS = {
     ),
     "get_kv_quant_mode missing": Fault(
         {KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
-        {SWA: "get_kv_quant_mode", ATTENTION: "get_kv_quant_mode"},
+        {SWA: "get_kv_quant_mode", ATTENTION: "get_kv_quant_mode", GROUPS: "get_kv_quant_mode"},
     ),
     "spec class with an unknown required field": Fault(
         {KVI: [("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
@@ -153,11 +154,11 @@ def test_vllm_runs_as_shipped_where_a_patch_fails_and_status_says_why(fault):
             assert on[key] == off[key], f"{name} failed, yet vLLM's {key} changed"
         row = on["status"][name]
         assert why in row["detail"]
-        assert row["state"] in (("installed", "failed") if spec.at_call else ("failed",))
+        assert row["state"] in (("patched", "failed") if spec.at_call else ("failed",))
     # The patches the fault does not touch still correct vLLM: the comparison above is not vacuous.
     for name in set(patch_names()) - set(spec.failed):
         if name in OUTPUTS and not set(OUTPUTS[name]) & {k for f in spec.failed for k in OUTPUTS[f]}:
-            assert on["status"][name]["state"] == "installed"
+            assert on["status"][name]["state"] == "patched"
             assert all(on[key] != off[key] for key in OUTPUTS[name])
 
 
@@ -215,7 +216,7 @@ def test_missing_target_module_leaves_its_patches_waiting_without_a_warning(with
     for name in (REMAP, LOAD):  # never imported: nothing failed, nothing to say
         assert on["status"][name]["state"] == "pending"
         assert "waiting for vllm.models.deepseek_v4.nvidia.dspark" in on["status"][name]["detail"]
-    assert on["status"][SWA]["state"] == on["status"][ATTENTION]["state"] == "installed"
+    assert on["status"][SWA]["state"] == on["status"][ATTENTION]["state"] == "patched"
     assert warning_lines(proc.stderr) == []
     strict = run_python(code, path=(REPO, without_dspark), env={"DSPARK_HOTFIX_STRICT": "1"})
     assert last_json(strict.stdout)["status"][REMAP]["state"] == "pending"

@@ -59,7 +59,7 @@ def test_safe_path_keeps_the_shim_active(flags, env):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
     assert depth == dict.fromkeys(patch_names(), 1)
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     # own bytecode cache out of the comparison: what remains would be the shim's.
     before = listing(read_only_shim)
     proc = run_python(IMPORT_ALL + STATUS + WARMUP, path=(read_only_shim, STANDIN), flags=("-B",))
-    assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"installed"}
+    assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"patched"}
     assert last_json(proc.stdout)["error"] is None
     assert listing(read_only_shim) == before
 
@@ -101,7 +101,7 @@ def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
     rows, warmup = json_lines(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"installed"} and warmup["error"] is None
+    assert {r["state"] for r in rows.values()} == {"patched"} and warmup["error"] is None
     ours = [line for line in proc.stderr.splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and len(summary_lines(proc.stderr)) == 1  # nothing from the shim but its summary
     assert listing(read_only_shim) == before
@@ -115,7 +115,7 @@ def test_no_home_changes_nothing(home):
         env["HOME"] = home
     proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + STATUS], env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert warning_lines(proc.stderr) == []
 
 
@@ -171,7 +171,7 @@ def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
@@ -191,7 +191,7 @@ def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     proc = run_python(code, path=(*shims, STANDIN))
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"installed"}
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert len(summary_lines(proc.stderr)) == 1
     assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
     assert warning_lines(proc.stderr) == [] and "Error in sitecustomize" not in proc.stderr
@@ -209,3 +209,36 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
     assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
                          f"{sys.executable} -m pip install PATH")
+
+
+RETRIES = """
+import json
+errors = []
+for attempt in range(3):
+    try:
+        import vllm.models.deepseek_v4.attention
+        errors.append(None)
+    except Exception as exc:
+        errors.append(type(exc).__name__)
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.parametrize("wrapt_body", [None, "# a wrapt without register_post_import_hook\n__version__ = '0'\n"],
+                         ids=["no wrapt", "wrapt without the hook API"])
+def test_strict_mode_without_a_usable_wrapt_fails_every_retry_and_status_names_why(tmp_path, wrapt_body):
+    # A retried import must not load vLLM unpatched, and a wrapt that is not the one the shim knows is
+    # as unusable as none: strict mode stops, status() says failed (not pending) and why.
+    if wrapt_body is None:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+        python, extra = str(tmp_path / "venv" / "bin" / "python"), ()
+    else:
+        (tmp_path / "odd").mkdir()
+        (tmp_path / "odd" / "wrapt.py").write_text(wrapt_body)
+        python, extra = sys.executable, (tmp_path / "odd",)
+    path = (*extra, REPO, STANDIN)
+    proc = run_python(RETRIES, python=python, path=path, env={"DSPARK_HOTFIX_STRICT": "1"})
+    assert json_lines(proc.stdout)[-1] == ["HotfixError"] * 3, proc.stderr
+    rows = last_json(run_python("import vllm.models.deepseek_v4.attention\n" + STATUS, python=python, path=path).stdout)
+    assert {row["state"] for row in rows.values()} == {"failed"}
+    assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows

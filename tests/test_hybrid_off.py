@@ -77,7 +77,8 @@ def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(tmp_p
     assert rows["kv_cache_groups"]["state"] == "not_needed"
     assert rows["kv_cache_groups"]["detail"] == "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)"
     (summary,) = summary_lines(proc.stderr)
-    assert summary.endswith(": 5 patched, 1 not needed")
+    assert summary.endswith(": fixing: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, "
+                            "draft_load_coverage, kv_view_guard), 1 not_needed")
 
 
 def test_a_vllm_without_kv_cache_utils_grouping_does_not_need_the_stop(tmp_path):

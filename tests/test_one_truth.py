@@ -114,7 +114,7 @@ def test_plain_status_imports_the_targets_and_reports_the_registrys_decision(sta
     buggy = cli("status", "--json", path=(package_only, standins["buggy"]))
     report = report_of(buggy)
     assert buggy.returncode == 0 and report["activated_by"] == "status"
-    assert set(states(report).values()) == {"installed"}
+    assert set(states(report).values()) == {"patched"}
     broken = cli("status", "--json", path=(package_only, standins["changed signature"]))
     report = report_of(broken)
     assert broken.returncode == 1 and report["verdict"] == "problem"
@@ -126,11 +126,10 @@ def test_a_fixed_vllm_with_the_switch_off_exits_3_in_status_and_doctor(standins)
     status = cli("status", "--import-targets", "--json", path=path, env=env)
     doctor = cli("doctor", "--json", path=path, env=env)
     assert (status.returncode, doctor.returncode) == (3, 3), status.stdout + doctor.stdout
-    assert report_of(status)["verdict"] == report_of(doctor)["verdict"] == "not_needed"
+    assert report_of(status)["verdict"] == report_of(doctor)["verdict"] == "removable"
 
 
-WORDS = {"installed": "patched", "not_needed": "not needed", "excluded": "excluded", "failed": "failed",
-         "pending": "pending"}
+WORDS = {state: state for state in ("patched", "not_needed", "excluded", "failed", "pending")}  # the line's words
 
 
 def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
@@ -142,7 +141,7 @@ def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
     assert rows["kv_view_guard"]["state"] == "failed"
     (summary,) = summary_lines(proc.stderr)
     assert "guards on" not in summary
-    assert "failed (kv_view_guard)" in summary
+    assert "problem: " in summary and "failed (kv_view_guard)" in summary
     for state, word in WORDS.items():
         count = sum(row["state"] == state for row in rows.values())
         assert f" {count} {word}" in summary if count else word not in summary, (state, summary)
@@ -219,13 +218,13 @@ def shim_log(monkeypatch):
         log.setLevel(level)
 
 
-def wrapped(replacement, name: str = "t", guards: tuple[str, ...] = ()):
+def wrapped(replacement, name: str = "t", guards: tuple[str, ...] = (), stops: bool = False):
     """vLLM's function ``f(x) -> ("vllm", x)`` with ``replacement`` wrapped in front, as the registry wraps it."""
     from dspark_hotfix import registry
     from dspark_hotfix.patches import Patch
 
     patch = Patch(name=name, module="m", qualname="f", parameters=("x",), replacement=replacement, summary=name,
-                  guards=guards)
+                  guards=guards, stops=stops)
     return registry._wrap(registry.Activation("t"), registry.Record(patch), lambda x: ("vllm", x))
 
 
@@ -265,7 +264,7 @@ def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
         raise Finding("views too narrow")
 
     with pytest.raises(HotfixError, match=r"^kv_view_guard: views too narrow; ") as stopped:
-        wrapped(check, name="kv_view_guard", guards=(SWA,))(1)
+        wrapped(check, name="kv_view_guard", guards=(SWA,), stops=True)(1)
     assert " raised " not in str(stopped.value)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__
-from tests.conftest import STANDIN, STATUS, clean_env, last_json, later_lines, summary_lines
+from tests.conftest import ALL_PATCHED, STANDIN, STATUS, clean_env, last_json, state_of, summary_lines
 
 TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
@@ -88,7 +88,7 @@ def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv
                path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     assert proc.stdout.splitlines()[-1] == "ran"
 
@@ -97,13 +97,13 @@ def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
     proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"vllm-plugin"}
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
     proc = run(venv, "import vllm\n" + PLUGINS + TARGETS + STATUS, path=(STANDIN,))
-    assert {r["state"] for r in last_json(proc.stdout).values()} == {"installed"}, proc.stderr
+    assert {r["state"] for r in last_json(proc.stdout).values()} == {"patched"}, proc.stderr
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
@@ -120,14 +120,15 @@ def test_both_paths_share_one_installer(venv):
     proc = run(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert len(summary_lines(proc.stderr)) == 1
+    assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == ALL_PATCHED  # one activation's lines
+    assert len({line.split(" via ")[1] for line in summary_lines(proc.stderr)}) == len(summary_lines(proc.stderr))
 
 
 def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout
-    assert (report["schema"], report["verdict"], report["exit_code"]) == (1, "ok", 0)
+    assert (report["schema"], report["verdict"], report["exit_code"]) == (2, "fixing", 0)
     assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
     assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
     assert {p["name"]: p["needed"] for p in report["patches"]} == {
@@ -173,11 +174,11 @@ def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
     proc = run(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code), path=("", STANDIN, "relative/dir"))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])
-    assert {r["state"] for r in rows.values()} == {"installed"}
+    assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    banner, summary, *later = proc.stderr.splitlines()  # later: a guard decided after the summary line
+    banner, *lines = proc.stderr.splitlines()  # then the state lines: the last is the whole state
     assert banner.startswith("dspark_hotfix ") and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
-    assert summary_lines(summary) and later_lines("\n".join(later)) == [line.split("] ", 1)[1] for line in later]
+    assert len(summary_lines("\n".join(lines))) == len(lines) and state_of(lines[-1]).endswith(ALL_PATCHED)
     assert "relative/dir" not in json.loads(proc.stdout.splitlines()[-1])
 
 
@@ -204,6 +205,48 @@ def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
     status = run(venv, args=("dspark-hotfix", "status", "--import-targets", "--json"), path=path)
     assert (doctor.returncode, status.returncode) == (3, 3), doctor.stdout + status.stdout
     for report in (json.loads(doctor.stdout), json.loads(status.stdout)):
-        assert report["verdict"] == "not_needed" and report["schema"] == 1
+        assert report["verdict"] == "removable" and report["schema"] == 2
         assert {p["state"] for p in report["patches"]} == {"not_needed"}
         assert set(report["patches"][0]) == {"name", "target", "state", "needed", "calls", "corrections", "detail"}
+
+
+def checkout_copy(root: Path, umask: int, mtime: int) -> Path:
+    """The tracked files of this working tree, as another clone would have them: its umask, its file times."""
+    from tests.conftest import REPO
+
+    tracked = ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(tracked, check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source, copy = REPO / name, root / name
+        if source.is_symlink() or not source.is_file():
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+        copy.chmod((0o777 if os.access(source, os.X_OK) else 0o666) & ~umask)
+        os.utime(copy, (mtime, mtime))
+    return root
+
+
+def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
+    import hashlib
+    import time
+
+    from tests.conftest import REPO
+
+    epoch = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    built = []
+    for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000))):
+        tree = checkout_copy(tmp_path / f"clone{n}", umask, mtime)
+        out = tmp_path / f"dist{n}"
+        proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": epoch}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        built.append({p.name: p.read_bytes() for p in out.iterdir()})
+    first, second = built
+    assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
+                             f"dspark_hotfix-{__version__}.tar.gz"]
+    assert first == second  # byte for byte, the sums included
+    sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
+    assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}

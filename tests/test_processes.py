@@ -13,7 +13,16 @@ import re
 import pytest
 
 from dspark_hotfix.patches import ALL
-from tests.conftest import WRAP_DEPTH, json_lines, patch_names, run_python, summary_lines, warning_lines
+from tests.conftest import (
+    ALL_PATCHED,
+    WRAP_DEPTH,
+    json_lines,
+    patch_names,
+    run_python,
+    state_of,
+    summary_lines,
+    warning_lines,
+)
 
 MODULES = sorted({p.module for p in ALL})
 IMPORT_ALL = "".join(f"import {m}\n" for m in MODULES)
@@ -65,7 +74,7 @@ def test_sixteen_threads_importing_at_once_apply_each_patch_exactly_once(attempt
     errors, depth, states = json_lines(proc.stdout)
     assert errors == []
     assert depth == dict.fromkeys(patch_names(), 1)  # Class.__dict__[m].__wrapped__ is vLLM's plain function
-    assert states == dict.fromkeys(patch_names(), "installed")
+    assert states == dict.fromkeys(patch_names(), "patched")
     assert len(summary_lines(proc.stderr)) == 1, proc.stderr  # one registry, decided once
     assert warning_lines(proc.stderr) == []
 
@@ -125,9 +134,10 @@ def test_forked_and_forkserver_children_are_patched_once_each(tmp_path, method, 
     assert parent not in children and len(results) == 6
     for _pid, depth, states, quant_mode in results:
         assert depth == dict.fromkeys(patch_names(), 1)
-        assert states == dict.fromkeys(patch_names(), "installed")
+        assert states == dict.fromkeys(patch_names(), "patched")
         assert quant_mode != 0  # the child's SWA spec is corrected
-    pids = [re.search(r"\(pid (\d+)\)", line).group(1) for line in summary_lines(proc.stderr)]
+    pids = [re.search(r"\(pid (\d+)\)", line).group(1) for line in summary_lines(proc.stderr)
+            if state_of(line) == ALL_PATCHED]  # each process's last line (an earlier one left a guard pending)
     assert len(pids) == len(set(pids)), "patched twice in one process"
     # A fork after patching inherits the wrapper: only the parent says it patched.
     assert set(pids) == ({str(parent)} if parent_imports else {str(p) for p in children})
@@ -146,3 +156,16 @@ def test_reload_is_a_stated_limit_the_reloaded_target_runs_as_shipped_never_half
     reloaded = {p.name for p in ALL if p.module == target}
     (depth,) = json_lines(run_python(f"TARGET = {target!r}\nWRAP_DEPTH = {WRAP_DEPTH!r}\n{IMPORT_ALL}" + RELOAD).stdout)
     assert depth == {name: 0 if name in reloaded else 1 for name in patch_names()}
+
+
+@pytest.mark.parametrize("target", MODULES)
+def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patched(target):
+    # status() reads vLLM's attribute: a reloaded target's function is vLLM's own again, and says so.
+    reloaded = {p.name for p in ALL if p.module == target}
+    code = f"import importlib, json, sys\n{IMPORT_ALL}importlib.reload(sys.modules[{target!r}])\n{STATES}"
+    states = json_lines(run_python(code).stdout)[-1]
+    assert states == {name: "failed" if name in reloaded else "patched" for name in patch_names()}
+    status = json_lines(run_python(code.replace(STATES, "import dspark_hotfix; print(json.dumps("
+                                                        "dspark_hotfix.status()))\n")).stdout)[-1]
+    assert status["verdict"] == "problem"
+    assert all("no longer the shim's wrapper" in row["detail"] for row in status["patches"] if row["name"] in reloaded)

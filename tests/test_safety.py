@@ -15,6 +15,7 @@ import sysconfig
 import pytest
 
 from tests.conftest import (
+    ALL_PATCHED,
     ENGINE_CORE_FIRST,
     FIXED,
     IMPORT_ALL,
@@ -30,6 +31,7 @@ from tests.conftest import (
     patch_names,
     run_in_env,
     run_python,
+    state_of,
     summary_lines,
     warning_lines,
 )
@@ -79,7 +81,7 @@ def test_nothing_in_the_working_directory_is_read_or_run(decoy_cwd, tmp_path, ho
     assert proc.returncode == 0, proc.stderr
     assert list(marks.iterdir()) == [] and "DECOY" not in proc.stdout + proc.stderr
     rows = last_json(proc.stdout)
-    assert {r["state"] for r in rows.values()} == ({"installed"} if imports else {"pending"})
+    assert {r["state"] for r in rows.values()} == ({"patched"} if imports else {"pending"})
 
 
 PAYLOADS = {
@@ -102,7 +104,7 @@ def test_switch_values_are_never_evaluated_and_warn_once_on_one_line(tmp_path, v
         assert states == {"disabled"}
         assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("dspark_hotfix: DSPARK_HOTFIX=")
         return
-    assert states == {"installed"}  # malformed: the default
+    assert states == {"patched"}  # malformed: the default
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and var in warnings[0]
     # Every stderr line is one of the shim's own: no forged line.
@@ -220,18 +222,18 @@ def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
     assert {r["state"] for r in rows.values()} == {"not_needed"}
     assert warning_lines(on.stderr) == []
     (summary,) = summary_lines(on.stderr)
-    assert summary.endswith(": not needed on this vLLM (fixed upstream), removable")
+    assert summary.endswith(" via sitecustomize: removable: 6 not_needed")
 
 
 def test_on_a_fixed_vllm_the_removable_line_is_the_only_one_in_the_engine_cores_order(fixed_standin):
-    # The summary comes before the V2 runner's attn_utils: kv_view_guard is decided after it, and
-    # follows its patches (not needed) without a line of its own.
+    # The line comes before the V2 runner's attn_utils: kv_view_guard follows its patches (not needed)
+    # without waiting for its module, so the removable line is whole, and the only one.
     code = ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS
     proc = run_python(code, path=(REPO, fixed_standin))
     rows = json_lines(proc.stdout)[-1]
     assert rows["kv_view_guard"]["state"] == "not_needed"
     assert [line.split("[dspark_hotfix] ")[1] for line in proc.stderr.splitlines()] == summary_lines(proc.stderr)
-    assert summary_lines(proc.stderr)[0].endswith("removable")
+    assert [state_of(line) for line in summary_lines(proc.stderr)] == ["removable: 6 not_needed"]
 
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}
@@ -268,3 +270,24 @@ def test_security_md_names_only_tests_that_exist():
     assert refs
     missing = [f"{f}::{t}" for f, t in refs if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
     assert missing == []
+
+
+# A tensor-parallel worker's order: the model and the V2 runner, never vLLM's KV-cache grouping.
+WORKER = ("import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark\n"
+          "import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils\n")
+
+
+@pytest.mark.parametrize("build", ["fixed", "reverted"])
+def test_every_process_kind_gives_the_same_verdict(fixed_standin, build):
+    # kv_cache_groups's module is the engine core's (and the API server's), never a worker's: the shim
+    # imports it there to judge it, so a worker does not leave it pending (nor keep a guard for it).
+    path = (REPO, fixed_standin if build == "fixed" else STANDIN)
+    orders = {"engine core": ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n", "worker": WORKER,
+              "api server": ENGINE_CORE_FIRST}
+    last = {kind: state_of(summary_lines(run_python(code + STATUS, path=path).stderr)[-1])
+            for kind, code in orders.items()}
+    if build == "fixed":
+        assert set(last.values()) == {"removable: 6 not_needed"}, last
+    else:
+        assert {line.split(":")[0] for line in last.values()} == {"fixing"}, last
+        assert last["worker"] == last["engine core"] == ALL_PATCHED

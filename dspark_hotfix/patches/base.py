@@ -43,8 +43,12 @@ class Patch:
     # A guard: the patches it guards; it is needed where any of them is.
     guards: tuple[str, ...] = ()
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
-    # Such a patch, like a guard, does not hold back a process's summary line until its module is imported.
     absent: str = ""
+    # A finding stops vLLM (it would not survive it anyway); otherwise it is logged as an error.
+    stops: bool = False
+    # Judged in every process that judges the other patches: where vLLM never imports its (light)
+    # module, the registry does, so that every process kind gives the same verdict.
+    everywhere: bool = False
 
     @property
     def target(self) -> str:

@@ -127,4 +127,6 @@ PATCH = Patch(
     summary="DeepSeek-V4 with the hybrid KV cache manager off stops at KV-cache grouping, naming the cause",
     probe=probe,
     absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
+    stops=True,
+    everywhere=True,
 )

@@ -22,8 +22,8 @@ try:
             from dspark_hotfix import boot
         finally:
             sys.path.remove(root)
-except Exception as exc:  # never break interpreter start
-    sys.stderr.write(
+except Exception as exc:  # never break interpreter start (nor write to a stderr that 2>&- closed)
+    sys.stderr is None or sys.stderr.write(
         f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
         f"install it into this interpreter from a checkout or a wheel built from one: "
         f"{sys.executable} -m pip install PATH\n"

@@ -4,6 +4,9 @@ The base stands for a serving image of the reported build (tests/oci/build.py):
 Debian bookworm, a venv on PATH, no wrapt, the stand-in vLLM installed, a
 sitecustomize of the image's own. A second base carries the upstream fix and a
 wrapt 2.x of its own. Base images are cached; the Dockerfile is built every run.
+On the same bases, the Kubernetes manifest's pod (deploy/kubernetes/): its init
+container's commands as written there, then the server's environment, the
+emptyDir a host directory, the ConfigMap a directory holding the wheel.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 import dspark_hotfix
-from tests import status_shape
+from tests import kubernetes, status_shape
+from tests.conftest import REPO
 from tests.oci import build
 
 pytestmark = pytest.mark.oci
@@ -30,6 +36,7 @@ import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark
 import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils
 import dspark_hotfix, wrapt
 print(json.dumps({"status": dspark_hotfix.status(), "pid": os.getpid(), "wrapt": wrapt.__version__,
+                  "wrapt_file": wrapt.__file__,
                   "env": {k: os.environ.get(k) for k in ("IMAGE_SITECUSTOMIZE_PID", "PYTHONPATH", "DSPARK_HOTFIX")}}))
 """
 
@@ -59,9 +66,7 @@ class Image:
         assert self.build.returncode == 0, self.log[-4000:]
         if self.container is None:
             self.container = build.buildah("from", "--pull=never", self.tag).stdout.strip()
-        flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
-        return build.buildah("run", "--isolation", "chroot", *flags, self.container, "--", *argv, check=False,
-                             timeout=300)
+        return run_in(self.container, *argv, env=env)
 
     def json(self, *argv: str, env: dict[str, str] | None = None) -> dict:
         proc = self.run(*argv, env=env)
@@ -72,6 +77,12 @@ class Image:
         if self.container:
             build.buildah("rm", self.container, check=False)
         build.buildah("rmi", self.tag, check=False)
+
+
+def run_in(container: str, *argv: str, env: dict[str, str] | None = None,
+           volumes: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    flags = [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--volume={v}" for v in volumes]
+    return build.buildah("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +156,99 @@ def test_a_base_that_needs_no_fix_builds_only_when_allowed(fixed):
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
     assert got["wrapt"].startswith("2.")  # the image's own wrapt, kept
     assert fixed.allowed.json("python3", "/opt/standin/warmup.py")["error"] is None
+
+
+def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
+    (recipe,) = [b for b in re.findall(r"^```sh\n(.*?)^```", (REPO / "docs/OPERATORS.md").read_text(),
+                                       re.MULTILINE | re.DOTALL) if "pip uninstall -y dspark-hotfix" in b]
+    container = build.buildah("from", "--pull=never", reported.tag).stdout.strip()
+    try:
+        done = run_in(container, "sh", "-euc", recipe)
+        assert done.returncode == 0, done.stdout + done.stderr
+        off = run_in(container, "python3", "/opt/standin/warmup.py")
+        assert off.returncode == 0 and "dspark_hotfix" not in off.stdout + off.stderr, off.stdout + off.stderr
+        assert json.loads(off.stdout.splitlines()[-1])["error"] == REPORTED_ERROR
+        # pip removes no dependency: the wrapt the Dockerfile installed stays, unused.
+        found = run_in(container, "python3", "-c", "import importlib.util as u; print(u.find_spec('dspark_hotfix'), "
+                                                   "u.find_spec('wrapt') is not None)")
+        assert found.stdout.split() == ["None", "True"], found.stdout + found.stderr
+        image = run_in(container, "python3", "-c", "import os; print(os.environ['IMAGE_SITECUSTOMIZE_PID'])")
+        assert image.returncode == 0, image.stderr
+    finally:
+        build.buildah("rm", container, check=False)
+
+
+class Pod:
+    """The manifest's pod on ``base``: the init container run as written, then one server container."""
+
+    def __init__(self, base: str, wheel: Path, root: Path, site: Path, **init_env: str):
+        spec = kubernetes.pod(site)
+        (self.init,), (self.server,) = spec["initContainers"], spec["containers"]
+        self.base, self.volume, wheels = base, root / "emptyDir", root / "configMap"
+        self.volume.mkdir(parents=True)
+        wheels.mkdir()
+        shutil.copy(wheel, wheels)  # kubectl create configmap dspark-hotfix-wheels --from-file=<the wheel>
+        self.hosts = {"dspark-hotfix": self.volume, "dspark-hotfix-wheels": wheels}
+        self.containers: dict[str, str] = {}
+        self.init_run = self.start(self.init, [*self.init["command"], *self.init["args"]], **init_env)
+
+    def start(self, container: dict, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+        volumes = tuple(f"{self.hosts[m['name']]}:{m['mountPath']}" + (":ro" if m.get("readOnly") else "")
+                        for m in container["volumeMounts"] if m["name"] in self.hosts)
+        if container["name"] not in self.containers:
+            self.containers[container["name"]] = build.buildah("from", "--pull=never", self.base).stdout.strip()
+        return run_in(self.containers[container["name"]], *argv, env={**kubernetes.env(container), **env},
+                      volumes=volumes)
+
+    def serve(self, *argv: str, **env: str) -> dict:
+        proc = self.start(self.server, list(argv), **env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def remove(self) -> None:
+        for name in self.containers.values():
+            build.buildah("rm", name, check=False)
+
+
+@pytest.fixture
+def pods():
+    made: list[Pod] = []
+    yield lambda *args, **env: made.append(Pod(*args, **env)) or made[-1]
+    for pod in made:
+        pod.remove()
+
+
+@pytest.fixture(scope="module")
+def site():
+    return kubernetes.validator_site()
+
+
+def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched_from_it(tools, site, wheel,
+                                                                                        tmp_path, pods):
+    pod = pods(build.serving("reported"), wheel, tmp_path, site)
+    assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
+    assert "PROBLEM" not in pod.init_run.stdout and "remap_dspark_name" in pod.init_run.stdout  # doctor's report
+    # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
+    got = pod.serve("python3", "-c", PROBE)
+    assert status_shape.fixes_installed(got["status"]), got["status"]
+    assert status_shape.activated_by(got["status"]) == "sitecustomize"
+    assert got["wrapt"] == kubernetes.env(pod.init)["WRAPT"].split("==")[1]
+    assert got["wrapt_file"].startswith("/opt/dspark-hotfix/wrapt/")
+    assert (pod.volume / "wrapt").is_dir() and (pod.volume / "dspark_hotfix" / "startup" / "sitecustomize.py").exists()
+    assert pod.serve("python3", "/opt/standin/warmup.py")["error"] is None
+    assert pod.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
+
+
+def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_fixed_vllm_starts_only_when_allowed(
+        tools, site, wheel, tmp_path, pods):
+    base = build.serving("fixed")
+    refused = pods(base, wheel, tmp_path / "refused", site)
+    assert refused.init_run.returncode == 3, refused.init_run.stdout + refused.init_run.stderr
+    allowed = pods(base, wheel, tmp_path / "allowed", site, ALLOW_NOT_NEEDED="1")
+    assert allowed.init_run.returncode == 0, allowed.init_run.stdout + allowed.init_run.stderr
+    assert "started because ALLOW_NOT_NEEDED=1" in allowed.init_run.stdout
+    assert not (allowed.volume / "wrapt").exists()
+    # The image's wrapt 2.x is the one every package imports, the shim included: the volume shadows nothing.
+    got = allowed.serve("python3", "-c", PROBE)
+    assert got["wrapt"].startswith("2.") and got["wrapt_file"].startswith("/opt/venv/"), got
+    assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}

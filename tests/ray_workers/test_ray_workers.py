@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests import status_shape
+from tests.cache import pip_target
 from tests.conftest import REPO, STANDIN, clean_env
 
 pytestmark = pytest.mark.ray
@@ -35,28 +36,11 @@ DRIVER = Path(__file__).with_name("driver.py")
 REPORTED_ERROR = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix"))
-
-
 @pytest.fixture(scope="session")
 def ray_site() -> Path:
     """Ray and wrapt, installed once (about 25 s and 260 MB) and reused."""
-    target = cache_dir() / f"ray-{RAY.split('==')[1]}-py{sys.version_info[0]}{sys.version_info[1]}"
-    stamp = target / ".dspark-hotfix-ready"
-    wanted = f"{RAY} wrapt==1.17.3"
-    if stamp.exists() and stamp.read_text() == wanted:
-        return target
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           "--upgrade", "--target", str(target), *wanted.split()],
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        message = f"could not install {RAY} from PyPI: {proc.stderr[-2000:]}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    stamp.write_text(wanted)
-    return target
+    name = f"ray-{RAY.split('==')[1]}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return pip_target(name, f"{RAY} wrapt==1.17.3")
 
 
 def node_python(root: Path, ray_site: Path, wheel: Path | None) -> str:

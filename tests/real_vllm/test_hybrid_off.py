@@ -221,8 +221,8 @@ def test_with_the_shim(version, arms):
     assert_never_narrow(result)
     if BEHAVIOUR[version] == LOSES_LAYOUT:
         assert_stopped_by_the_shim(result)
-        assert status["kv_cache_groups"]["state"] == "installed", status["kv_cache_groups"]
-        assert status["kv_view_guard"]["state"] == "installed", status["kv_view_guard"]
+        assert status["kv_cache_groups"]["state"] == "patched", status["kv_cache_groups"]
+        assert status["kv_view_guard"]["state"] == "patched", status["kv_view_guard"]
         # A merged SWA spec loses kv_quant_mode here too: where it would be viewed at 512, the guard stops it.
         view_error = result["merge"].get("view_error")
         assert result["merge"]["view"] is None and view_error and view_error["type"] == HOTFIX_ERROR, result["merge"]
@@ -255,7 +255,7 @@ def test_reverted_vllm_stops_with_the_shim_and_views_512_without(arms):
 
     status = status_of(result)
     for name in ("attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups", "kv_view_guard"):
-        assert status[name]["state"] == "installed", (name, status[name])
+        assert status[name]["state"] == "patched", (name, status[name])
     assert_hybrid_on_views_584(result)  # the spec patches' correction
     assert_stopped_by_the_shim(result)
     assert_never_narrow(result)

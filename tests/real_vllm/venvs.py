@@ -18,8 +18,15 @@ from pathlib import Path
 # Each gets one end of the wrapt range the shim supports: 1.17.3 (what the
 # Dockerfile installs where an image has none) and the newest 2.x.
 VERSIONS = ("0.25.0", "0.33.0")
-WRAPT = {"0.25.0": "wrapt==1.17.3", "0.33.0": "wrapt>=2,<3"}
+# Where what the shim says is measured (tests/real_vllm/test_lines.py), 0.28.0 too: the first release
+# whose hybrid-off path keeps the layout, so the first on which the shim is removable.
+LINES_VERSIONS = ("0.25.0", "0.28.0", "0.33.0")
+WRAPT = {"0.25.0": "wrapt==1.17.3", "0.28.0": "wrapt>=2,<3", "0.33.0": "wrapt>=2,<3"}
 EXTRA = ("pytest>=8",)
+# vllm==0.28.0 resolves here to torch 2.13.0+cpu beside torchvision and torchaudio built for other
+# torches, whose import fails ("operator torchvision::nms does not exist"); transformers imports them
+# where they are installed, vLLM's DeepSeek-V4 modules need neither: they are removed.
+MISMATCHED = {"0.28.0": ("torchvision", "torchaudio", "torchcodec")}
 
 
 def cache_dir() -> Path:
@@ -50,5 +57,8 @@ def ensure_venv(version: str) -> tuple[Path, float]:
             f"could not install vllm=={version} from PyPI into {venv} (is the registry reachable?):\n"
             + proc.stderr[-3000:]
         )
+    if MISMATCHED.get(version):
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED[version]], check=True,
+                       capture_output=True)
     stamp.write_text(wanted)
     return python, time.monotonic() - start

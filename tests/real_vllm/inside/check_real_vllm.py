@@ -43,7 +43,7 @@ NEEDED = {"kv_cache_groups", "kv_view_guard"} if os.environ.get("HYBRID_OFF_LOSE
 
 
 def expected_state(name: str) -> str:
-    return "installed" if name in NEEDED else "not_needed"
+    return "patched" if name in NEEDED else "not_needed"
 
 
 def rows() -> dict[str, dict]:
@@ -228,7 +228,7 @@ def test_doctor_on_real_vllm_says_what_this_release_needs(tmp_path):
     report = json.loads(proc.stdout)
     # Exit 3 only where the shim is a no-op and removable; 0 where the hybrid-off stop is still needed.
     assert proc.returncode == (0 if NEEDED else 3), proc.stdout
-    assert report["verdict"] == ("ok" if NEEDED else "not_needed") and report["sitecustomize"]["ours"]
+    assert report["verdict"] == ("guarding" if NEEDED else "removable") and report["sitecustomize"]["ours"]
     assert {p["name"]: p["state"] for p in report["patches"]} == {
         p["name"]: expected_state(p["name"]) for p in report["patches"]}
 
@@ -259,7 +259,8 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
 
 def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():
     proc = _run("import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, "  # vLLM's order
-                "vllm.models.deepseek_v4.attention", {}, os.environ["PYTHONPATH"])
+                "vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark, "
+                "vllm.v1.attention.backends.mla.sparse_swa", {}, os.environ["PYTHONPATH"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     # One line, which says the shim can go.
     # The kv_cache_groups probe runs vLLM's hybrid-off conversion; vLLM's warning about it stays out.
@@ -267,9 +268,10 @@ def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():
     ours = [line for line in (proc.stderr + proc.stdout).splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and ours[0].startswith("INFO ")
     if NEEDED:
-        assert ours[0].endswith(": 2 patched, 4 not needed"), ours
+        assert ours[0].endswith(" via sitecustomize: guarding: 2 patched (kv_cache_groups, kv_view_guard), "
+                                "4 not_needed"), ours
     else:
-        assert ours[0].endswith(": not needed on this vLLM (fixed upstream), removable"), ours
+        assert ours[0].endswith(" via sitecustomize: removable: 6 not_needed"), ours
     why = _run("import vllm.models.deepseek_v4.attention, dspark_hotfix\n"
                "print([r['detail'] for r in dspark_hotfix.status()['patches'] if r['name'] == 'swa_kv_cache_spec'][0])",
                {}, os.environ["PYTHONPATH"])

@@ -67,7 +67,7 @@ from vllm.v1.worker.gpu import attn_utils  # noqa: E402
 def status() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``dspark_hotfix.status()`` as (process fields, rows by patch name)."""
     raw = dspark_hotfix.status()
-    assert raw["schema"] == 1, raw
+    assert raw["schema"] == 2, raw
     return raw, {row["name"]: row for row in raw["patches"]}
 
 
@@ -153,7 +153,7 @@ def test_every_patch_is_installed_and_says_needed():
     assert fields["activated_by"] == "sitecustomize"
     for name in PATCHES + GUARDS:
         row = rows[name]
-        assert row["state"] == "installed", row
+        assert row["state"] == "patched", row
         assert row["needed"] is True, row  # the probe's verdict on vLLM's own method
 
 
@@ -213,7 +213,7 @@ def test_doctor_says_the_fix_is_active_where_needed(subprocesses):
     proc = subprocesses["doctor"]
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (report["schema"], report["verdict"]) == (1, "ok"), report
+    assert (report["schema"], report["verdict"]) == (2, "fixing"), report
     rows = {row["name"]: row for row in report["patches"]}
     for name in PATCHES + GUARDS:
         assert rows[name]["needed"] is True, rows[name]

@@ -1,0 +1,94 @@
+"""Build the sdist and the wheel reproducibly, and write dist/SHA256SUMS.
+
+Two builds of one commit are byte-identical, wherever they run:
+
+- every timestamp is ``SOURCE_DATE_EPOCH`` (default: the last commit's time);
+  setuptools' bdist_wheel honours it, its sdist does not (tar and gzip headers
+  carry the build's clock and the checkout's mtimes), so the sdist is written
+  again here with sorted members, that time, owner root and modes 0644/0755;
+- the wheel is built from that sdist, the way ``python -m build`` does, so its
+  files' modes come from the sdist, not from the umask of the checkout;
+- the build backend is the one installed (``--no-isolation``): setuptools and
+  wheel pinned in requirements-dev.txt, not whatever the index has that day.
+
+    python scripts/dist.py [OUTDIR]     # default dist/
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def source_date_epoch() -> int:
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    out = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
+                         text=True).stdout
+    return int(out.strip())
+
+
+def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0"}
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", f"--{kind}", "--outdir", str(outdir),
+                           str(source)], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"dist: building the {kind} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    (built,) = outdir.glob("*.tar.gz" if kind == "sdist" else "*.whl")
+    return built
+
+
+def normalized_sdist(sdist: Path, epoch: int) -> bytes:
+    """The sdist's members, sorted, with one time, one owner and modes 0644/0755, in a gzip without name or time."""
+    members = []
+    with tarfile.open(sdist) as tar:
+        for info in tar.getmembers():
+            data = tar.extractfile(info).read() if info.isfile() else None
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "root", "root"
+            info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
+            info.pax_headers = {}
+            members.append((info, data))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in sorted(members, key=lambda m: m[0].name):
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    packed = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=epoch, compresslevel=9) as gz:
+        gz.write(raw.getvalue())
+    return packed.getvalue()
+
+
+def main(argv: list[str]) -> int:
+    outdir = Path(argv[0]) if argv else REPO / "dist"
+    epoch = source_date_epoch()
+    outdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dspark-hotfix-dist-") as tmp:
+        work = Path(tmp)
+        sdist = build("sdist", REPO, work / "sdist", epoch)
+        final_sdist = outdir / sdist.name
+        final_sdist.write_bytes(normalized_sdist(sdist, epoch))
+        with tarfile.open(final_sdist) as tar:
+            tar.extractall(work / "src", filter="data")
+        (tree,) = (work / "src").iterdir()
+        wheel = build("wheel", tree, work / "wheel", epoch)
+        final_wheel = outdir / wheel.name
+        shutil.copyfile(wheel, final_wheel)
+    sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
+                   for p in sorted((final_sdist, final_wheel), key=lambda p: p.name))
+    (outdir / "SHA256SUMS").write_text(sums)
+    sys.stdout.write(sums)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

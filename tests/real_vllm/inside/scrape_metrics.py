@@ -1,0 +1,87 @@
+"""Scrapes vLLM's own ``/metrics`` for the shim's series, in processes arranged as ``vllm serve`` arranges them.
+
+Run by ``tests/real_vllm/test_metrics.py`` with a real vLLM venv's python and the
+repository on ``PYTHONPATH``; prints one JSON object per line:
+
+- ``api``: an API server's process: what it imports for its engine client
+  (``vllm.v1.engine.async_llm``), vLLM's ``/metrics`` route (``attach_router``) on a
+  FastAPI app, scraped over HTTP; then, with ``--then-engine``, the engine core's and
+  the workers' modules imported in the same process and scraped again.
+- ``engine``: the engine core's and the workers' modules imported; prints its pid.
+- ``launcher``: as ``vllm serve --api-server-count 2``: ``setup_multiprocess_prometheus()``
+  after ``prometheus_client`` is imported (vLLM's CLI imports it first), then an engine
+  process and an API server process started with the environment it set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# The engine core's grouping and the workers' runner and model (the DSpark draft included).
+ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu.attn_utils", "vllm.models.deepseek_v4.attention",
+          "vllm.models.deepseek_v4.nvidia.dspark", "vllm.v1.attention.backends.mla.sparse_swa")
+
+
+def samples(text: str) -> list[list]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [[s.name, s.labels, s.value] for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name.startswith("dspark_hotfix_")]
+
+
+def api(then_engine: bool) -> None:
+    import importlib
+
+    import vllm.v1.engine.async_llm  # noqa: F401
+    from fastapi import FastAPI
+    from prometheus_client import REGISTRY, generate_latest
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    app = FastAPI()
+    attach_router(app)
+    client = TestClient(app)
+
+    def scrape() -> None:
+        response = client.get("/metrics")
+        registry = get_prometheus_registry()
+        print(json.dumps({"pid": os.getpid(), "status": response.status_code, "default": registry is REGISTRY,
+                          "served": samples(response.text), "direct": samples(generate_latest(registry).decode())}))
+
+    scrape()
+    if then_engine:
+        for module in ENGINE:
+            importlib.import_module(module)
+        scrape()
+
+
+def engine() -> None:
+    import importlib
+
+    for module in ENGINE:
+        importlib.import_module(module)
+    print(json.dumps({"pid": os.getpid()}))
+
+
+def launcher() -> None:
+    from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
+
+    setup_multiprocess_prometheus()
+    print(json.dumps({"pid": os.getpid(), "dir": os.environ["PROMETHEUS_MULTIPROC_DIR"]}))
+    sys.stdout.flush()
+    for role in ("engine", "api"):
+        subprocess.run([sys.executable, __file__, role], check=True)
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "api":
+        api("--then-engine" in sys.argv)
+    elif role == "engine":
+        engine()
+    else:
+        launcher()

@@ -1,0 +1,93 @@
+"""What a real vLLM process says: the shim's lines, measured per process kind, and the docs that quote them.
+
+Each kind of a ``vllm serve`` process imports the patches' modules in its own
+order, as the H200 server logs show (docs/evidence/serve-h200-logs): the API
+server the model's modules and, later, KV-cache grouping's, never the V2
+runner's; the engine core (tensor parallel 1) grouping first, then the model,
+then the runner; a tensor-parallel worker the model, then the runner, never
+grouping. Here each order runs in a fresh interpreter of a real vLLM release
+(and of 0.25.0 with PR #47716 reverted, the reported build's code) with the
+shim on ``PYTHONPATH``, as ``dspark-hotfix run`` starts them. The lines, pid
+and time aside, are recorded in docs/evidence/lines.json, and every one of
+them must appear, verbatim, in docs/OPERATORS.md: an operator's grep is
+written from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import REPO, clean_env, state_of, summary_lines
+from tests.real_vllm.test_reverted import VERSION as REVERTED_VERSION
+from tests.real_vllm.test_reverted import reverted_copy
+from tests.real_vllm.venvs import LINES_VERSIONS, ensure_venv
+
+pytestmark = pytest.mark.real_vllm
+
+EVIDENCE = REPO / "docs" / "evidence" / "lines.json"
+DOC = REPO / "docs" / "OPERATORS.md"
+MODEL = ("vllm.models.deepseek_v4.attention", "vllm.models.deepseek_v4.nvidia.dspark",
+         "vllm.v1.attention.backends.mla.sparse_swa")
+GROUPING, RUNNER = "vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"
+KINDS = {
+    "API server": (*MODEL, GROUPING),
+    "engine core": (GROUPING, *MODEL, RUNNER),
+    "tensor-parallel worker": (*MODEL, RUNNER),
+}
+BUILDS = (f"{REVERTED_VERSION} reverted", *LINES_VERSIONS)
+
+
+def lines_of(build: str, kind: str) -> list[str]:
+    """The state lines a process of ``kind`` prints on ``build``, without their heads."""
+    version = build.split()[0]
+    python, _ = ensure_venv(version)
+    path = [str(REPO)]
+    if build.endswith("reverted"):
+        path.insert(0, str(reverted_copy(python, version)))  # built by the fixture, before the runs
+    code = "".join(f"import {module}\n" for module in KINDS[kind])
+    proc = subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{build}, {kind}:\n{proc.stderr[-3000:]}"
+    return [state_of(line) for line in summary_lines(proc.stderr)]
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, dict[str, list[str]]]:
+    for version in LINES_VERSIONS:  # one install at a time, before the runs
+        ensure_venv(version)
+    reverted_copy(ensure_venv(REVERTED_VERSION)[0], REVERTED_VERSION)
+    pairs = [(build, kind) for build in BUILDS for kind in KINDS]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores
+        found = list(pool.map(lambda pair: lines_of(*pair), pairs))
+    out: dict[str, dict[str, list[str]]] = {}
+    for (build, kind), lines in zip(pairs, found, strict=True):
+        out.setdefault(build, {})[kind] = lines
+    if os.environ.get("DSPARK_HOTFIX_UPDATE_EVIDENCE") == "1":
+        EVIDENCE.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def test_the_committed_lines_are_what_real_vllm_processes_print(measured):
+    assert json.loads(EVIDENCE.read_text()) == measured, \
+        f"{EVIDENCE.relative_to(REPO)} is stale: rerun with DSPARK_HOTFIX_UPDATE_EVIDENCE=1"
+
+
+def test_every_kind_of_process_gives_one_verdict_per_build(measured):
+    for build, kinds in measured.items():
+        verdicts = {kind: lines[-1].split(":")[0] for kind, lines in kinds.items()}
+        assert len(set(verdicts.values())) == 1, (build, verdicts)
+    assert measured[f"{REVERTED_VERSION} reverted"]["engine core"][-1].startswith("fixing: ")
+    assert measured["0.25.0"]["engine core"][-1].startswith("guarding: ")
+    assert all(measured[v]["tensor-parallel worker"][-1].startswith("removable: ") for v in LINES_VERSIONS[1:])
+
+
+def test_every_line_a_real_process_prints_is_in_the_operator_guide(measured):
+    doc = DOC.read_text()
+    missing = {line for kinds in measured.values() for lines in kinds.values() for line in lines
+               if f": {line}`" not in doc}
+    assert not missing, f"lines {DOC.relative_to(REPO)} does not quote: {sorted(missing)}"

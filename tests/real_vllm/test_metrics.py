@@ -1,0 +1,72 @@
+"""The real-vLLM tier for ``/metrics``: the shim's series as vLLM 0.25.0 serves them, on the CPU.
+
+``inside/scrape_metrics.py`` runs in the cached venv with the repository on
+``PYTHONPATH`` (the shim active through ``sitecustomize``) and scrapes vLLM's own
+``/metrics`` route (``attach_router``, over HTTP) and ``generate_latest`` of
+vLLM's ``get_prometheus_registry()``: with one API server prometheus_client's
+default registry, with several vLLM's multiprocess collection, set up by vLLM's
+own ``setup_multiprocess_prometheus`` in a launcher process, as ``vllm serve
+--api-server-count 2`` does. This tier never skips: if a venv cannot be built,
+it fails and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dspark_hotfix import __version__
+from tests.conftest import REPO, clean_env
+from tests.real_vllm.venvs import ensure_venv
+from tests.test_metrics import PATCHES, Scrape
+
+pytestmark = pytest.mark.real_vllm
+
+INSIDE = Path(__file__).resolve().parent / "inside" / "scrape_metrics.py"
+VERSION = "0.25.0"
+# What 0.25.0 needs (docs/evidence/hybrid-off.md): the hybrid-off stop and its view guard; the rest is fixed.
+DECIDED = {**dict.fromkeys(PATCHES, "not_needed"), "kv_cache_groups": "patched", "kv_view_guard": "patched"}
+# An API server's process imports the KV-cache grouping with its engine client, none of the model's modules.
+API_SERVER = {**dict.fromkeys(PATCHES, "pending"), "kv_cache_groups": "patched"}
+
+
+def run(*args: str) -> list[dict]:
+    python, _ = ensure_venv(VERSION)
+    proc = subprocess.run([str(python), str(INSIDE), *args], env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def scraped(row: dict) -> Scrape:
+    assert row["status"] == 200
+    assert sorted(map(json.dumps, row["served"])) == sorted(map(json.dumps, row["direct"]))  # the route serves it
+    return Scrape(row["served"])
+
+
+def test_one_api_server_serves_the_states_of_its_own_process_from_the_default_registry():
+    api, later = run("api", "--then-engine")
+    assert api["default"] and later["default"]
+    first, then = scraped(api), scraped(later)
+    assert first.info == {("sitecustomize", __version__, None): 1}
+    assert first.current() == API_SERVER
+    assert first.needed == {("kv_cache_groups", None): 1}
+    assert then.current() == DECIDED
+    assert then.needed == {(patch, None): int(state == "patched") for patch, state in DECIDED.items()}
+
+
+def test_several_api_servers_serve_every_process_through_vllms_multiprocess_collection():
+    launcher, engine, api = run("launcher")
+    assert not api["default"]  # vLLM's CollectorRegistry with a MultiProcessCollector
+    scrape = scraped(api)
+    pids = {str(engine["pid"]), str(api["pid"])}
+    # prometheus_client was imported in the launcher before the directory was set: its own series stay in memory.
+    assert scrape.info == {("sitecustomize", __version__, pid): 1 for pid in pids}
+    assert str(launcher["pid"]) not in pids
+    assert scrape.current(str(engine["pid"])) == DECIDED
+    assert scrape.current(str(api["pid"])) == API_SERVER
+    assert {(patch, pid) for (patch, pid) in scrape.needed} == {
+        *((patch, str(engine["pid"])) for patch in PATCHES), ("kv_cache_groups", str(api["pid"]))}

@@ -1,0 +1,144 @@
+"""The loader the import watcher hands vLLM's modules, beside other tools that wrap loaders.
+
+Real subprocesses with the stand-in build: each child imports vLLM the way the
+tool it mimics does (ddtrace's module watchdog, wrapt's importer, importlib's
+lazy loader, an availability check), then reports what the shim decided.
+The coexistence tier (tests/coexist) runs the real tools on real vLLM.
+"""
+
+from __future__ import annotations
+
+from tests.conftest import IMPORT_ALL, STATUS, last_json, patch_names, run_python
+
+ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+
+
+def states(stdout: str) -> dict[str, str]:
+    return {name: row["state"] for name, row in last_json(stdout).items()}  # type: ignore[union-attr]
+
+
+# A finder ahead of the watcher that wraps whatever loader the finders after it give (the watcher's
+# proxy), the way ddtrace's ModuleWatchdog does: OUTER_EXEC is the body of its exec_module.
+OUTER = """
+import importlib.util, sys
+
+class Outer:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+{create_body}
+
+    def exec_module(self, module):
+{exec_body}
+
+class OuterFinder:
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm":
+            return None
+        index = sys.meta_path.index(self)
+        for finder in sys.meta_path[index + 1:]:
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                spec.loader = Outer(spec.loader)
+                return spec
+
+sys.meta_path.insert(0, OuterFinder())
+"""
+
+
+def outer(exec_body: str, create_body: str = "return self.inner.create_module(spec)") -> str:
+    def indent(body: str) -> str:
+        return "\n".join(" " * 8 + line for line in body.strip().splitlines())
+
+    return OUTER.format(exec_body=indent(exec_body), create_body=indent(create_body))
+
+
+def test_a_vllm_spec_found_before_the_import_copies_deepcopies_and_pickles():
+    # Availability checks call find_spec("vllm") before vLLM is imported: its loader is the proxy.
+    proc = run_python("""
+import copy, importlib.util, json, pickle
+spec = importlib.util.find_spec("vllm")
+copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
+print(json.dumps([type(spec.loader).__name__] + [
+    (c.loader if hasattr(c, "loader") else c).get_filename("vllm") == spec.origin for c in copies]))
+""" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == '["ActivatingLoader", true, true, true, true]', proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_the_loaders_are_put_back_only_where_they_still_point_at_the_proxy():
+    # A loader wrapped around the proxy has its own object in __loader__ and __spec__.loader
+    # while the proxy runs: that is the outer loader's to restore, not the proxy's to overwrite.
+    proc = run_python(outer("""
+self.inner.exec_module(module)
+print(module.__loader__ is self, module.__spec__.loader is self)
+""") + "import vllm\nprint(type(vllm.__loader__).__name__)\n" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[:2] == ["True True", "Outer"], proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+    # With nothing wrapped around it, the module keeps vLLM's own loader.
+    alone = run_python("import vllm\nprint(type(vllm.__loader__).__name__, type(vllm.__spec__.loader).__name__)\n")
+    assert alone.stdout.split() == ["SourceFileLoader", "SourceFileLoader"], alone.stderr
+
+
+def test_a_module_that_refuses_its_loader_assignment_still_imports_patched():
+    # A module type whose __loader__ is read-only (the proxy, given at creation): the put-back skips it.
+    proc = run_python(outer("self.inner.exec_module(module)", create_body="""
+import types
+
+class Refusing(types.ModuleType):
+    __loader__ = property(lambda module: module.given)
+
+module = Refusing(spec.name)
+module.given = self.inner
+return module
+""") + "import vllm\nprint(type(vllm).__name__, type(vllm.__loader__).__name__, type(vllm.__spec__.loader).__name__)\n"
+        + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == "Refusing ActivatingLoader Outer", proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_a_loader_wrapped_around_ours_may_set_get_code_on_it_and_vllms_loader_runs_it():
+    # ddtrace's watchdog (ddtrace/internal/module.py) assigns get_code on the loader it wraps, to
+    # transform the module's code: the assignment must not fail, and must reach vLLM's loader.
+    proc = run_python(outer("""
+original = self.inner.get_code
+transformed = []
+
+def get_code(fullname):
+    transformed.append(fullname)
+    return original(fullname)
+
+self.inner.get_code = get_code
+self.inner.exec_module(module)
+print(transformed)
+""") + "import vllm\n" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == "['vllm']", proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_vllm_imported_through_importlibs_lazy_loader_is_patched():
+    proc = run_python("""
+import importlib.util, sys
+spec = importlib.util.find_spec("vllm")
+spec.loader = importlib.util.LazyLoader(spec.loader)
+module = importlib.util.module_from_spec(spec)
+sys.modules["vllm"] = module
+spec.loader.exec_module(module)
+print(type(module.__loader__).__name__, type(module).__name__)
+""" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == "SourceFileLoader module", proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_a_wrapt_post_import_hook_on_vllm_registered_before_the_import_fires_and_vllm_is_patched():
+    # wrapt's own finder goes ahead of the watcher and wraps the proxy in its chained loader.
+    proc = run_python("""
+import wrapt
+fired = []
+wrapt.register_post_import_hook(lambda module: fired.append(type(module.__loader__).__name__), "vllm")
+import vllm
+print(fired)
+""" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == "['SourceFileLoader']", proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr

@@ -1,0 +1,88 @@
+"""``dspark-hotfix run``: it starts a command only where the shim will be active in it, and
+says why not elsewhere. Every case runs the real launcher and the real command, and the
+command says itself whether the shim is active in it (a watcher of ours on sys.meta_path)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_hotfix.cli import interpreter_options
+from tests.conftest import REPO, clean_env, run_in_env
+
+STARTUP = REPO / "dspark_hotfix" / "startup"
+PROBE = "import sys; print('ACTIVE', any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))"
+
+
+def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
+    """``python -m dspark_hotfix run -- command...`` from ``cwd``, the package importable from the checkout."""
+    return run_in_env([sys.executable, "-m", "dspark_hotfix", "run", "--", *command],
+                      env or clean_env(PYTHONPATH=str(REPO)), cwd=cwd)
+
+
+def direct(cwd: Path, *command: str):
+    """The command itself, in the environment the launcher gives it (ours first on PYTHONPATH)."""
+    return run_in_env(list(command), clean_env(PYTHONPATH=f"{STARTUP}{os.pathsep}{REPO}"), cwd=cwd)
+
+
+# Each: the words after `python`, the options CPython reads there, the option that keeps the shim out.
+CASES = [
+    (["-c", PROBE], [], None),
+    (["-Bc", PROBE], ["-B"], None),
+    (["-um", "probe"], ["-u"], None),
+    (["-X", "dev", "-c", PROBE], ["-X", "dev"], None),
+    (["-Ximporttime", "-W", "ignore", "-c", PROBE], ["-Ximporttime", "-W", "ignore"], None),
+    (["-X", "dev", "-I", "-c", PROBE], ["-X", "dev", "-I"], "-I"),
+    (["-W", "ignore", "-S", "-c", PROBE], ["-W", "ignore", "-S"], "-S"),
+    (["-IBc", PROBE], ["-IB"], "-I"),
+    (["-sE", "-m", "probe"], ["-sE"], "-E"),
+    (["--check-hash-based-pycs", "always", "-I", "-c", PROBE], ["--check-hash-based-pycs", "always", "-I"], "-I"),
+]
+
+
+@pytest.mark.parametrize(("args", "options", "kept_out_by"), CASES, ids=[" ".join(c[1]) or "none" for c in CASES])
+def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_path, args, options, kept_out_by):
+    (tmp_path / "probe.py").write_text(PROBE + "\n")
+    assert interpreter_options(args) == options
+    truth = direct(tmp_path, sys.executable, *args)
+    assert truth.returncode == 0 and truth.stdout == f"ACTIVE {kept_out_by is None}\n", truth.stderr
+    proc = launch(tmp_path, sys.executable, *args)
+    if kept_out_by is None:
+        assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
+        assert f"({' '.join([sys.executable, *options])} starts it)" in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"dspark-hotfix run: the shim would not be active in "
+                               f"{' '.join([sys.executable, *options])} (the interpreter of "), line
+        assert f"): {kept_out_by}: " in line and line.endswith(" start it without "
+                                                               + ("-S" if kept_out_by == "-S" else "that option"))
+        assert "pip install" not in line  # the package is installed: the option keeps it out
+
+
+def test_run_of_a_script_reads_the_options_of_its_shebang(tmp_path):
+    script = tmp_path / "serve"
+    script.write_text(f"#!{sys.executable} -Es\n{PROBE}\n")
+    script.chmod(0o755)
+    assert direct(tmp_path, str(script)).stdout == "ACTIVE False\n"
+    proc = launch(tmp_path, str(script))
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert f"would not be active in {sys.executable} -Es (the interpreter of {script}): -E: " in proc.stderr
+
+
+def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim(tmp_path):
+    # A venv without wrapt: the checkout's sitecustomize finds the package, wrapt is missing.
+    import subprocess
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    proc = launch(tmp_path, python, "-c", PROBE)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert f"No module named 'wrapt'; install it there: {python} -m pip install {REPO}" in proc.stderr
+    isolated = launch(tmp_path, python, "-I", "-c", PROBE)
+    assert isolated.returncode == 1 and "-I: it ignores PYTHONPATH" in isolated.stderr
+    assert "pip install" not in isolated.stderr  # installing would not help while -I stays
