@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_hotfix import __version__ as VERSION
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,6 +285,7 @@ def helper():  # imports vLLM, no plugin: a process without the shim
 if __name__ == "__main__":
     port = int(sys.argv[sys.argv.index("--port") + 1])
     model = start()
+    import prometheus_client  # as vLLM's API server does: the shim's gauges join its /metrics
     model._remap_dspark_name("mtp.2.attn.wkv.weight")
     print(f"(APIServer pid={{os.getpid()}}) INFO starting", flush=True)
     spawn = multiprocessing.get_context("spawn")
@@ -295,8 +297,10 @@ if __name__ == "__main__":
         def do_GET(self):
             if self.path == "/v1/serve":  # a request whose handling calls a wrapped function
                 model._remap_dspark_name("mtp.0.attn.wkv.weight")
+            body = prometheus_client.generate_latest() if self.path == "/metrics" else b""
             self.send_response(200)
             self.end_headers()
+            self.wfile.write(body)
         def log_message(self, *_):
             pass
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
@@ -360,3 +364,12 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     assert {p["hooks"] for p in ready.values()} == {1}  # one watcher in each process, the engine core's too
     assert figure["at_ready"]["remap_dspark_name"] == 3 and sum(figure["at_ready"].values()) == 3
     assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1
+    # /metrics as an SRE scrapes it: the API server's own gauges (one API server), at each reading
+    metrics = server.record["metrics"]
+    assert set(metrics) == {"ready", "after-bench"}
+    for lines in metrics.values():
+        assert f'dspark_hotfix_info{{activated_by="vllm-plugin",version="{VERSION}"}} 1.0' in lines
+        assert 'dspark_hotfix_patch_state{patch="remap_dspark_name",state="patched"} 1.0' in lines
+        assert 'dspark_hotfix_patch_needed{patch="remap_dspark_name"} 1.0' in lines
+    figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])["metrics"]
+    assert figured == {"call-1-02-fixed-plugin": {"arm": "fixed-plugin", **metrics}}
