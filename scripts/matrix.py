@@ -1,0 +1,196 @@
+"""docs/MATRIX.md, the version matrix, generated from the committed evidence alone.
+
+vLLM build x hybrid KV cache manager on/off x what each patch does x the exact lines, read from:
+
+- docs/evidence/hybrid-off.json: vLLM's own code on the CPU, each build without and with the shim,
+  the hybrid manager on and off (tests/real_vllm/test_hybrid_off.py records it);
+- docs/evidence/lines.json: the lines each process kind prints, per build (tests/real_vllm/test_lines.py);
+- docs/evidence/serve-h200.json: `vllm serve` on the H200, per arm (scripts/serve-h200).
+
+Where two records say what a patch did on one build, they must agree, or nothing is written.
+
+    python scripts/matrix.py           # writes docs/MATRIX.md
+    python scripts/matrix.py --check   # exits 1 where docs/MATRIX.md is not what the evidence gives
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dspark_hotfix.patches import ALL  # noqa: E402
+
+EVIDENCE = ROOT / "docs" / "evidence"
+TARGET = ROOT / "docs" / "MATRIX.md"
+REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
+CPU_LABEL = {"0.25.0-reverted": REVERTED}  # hybrid-off.json's name for it
+# scripts/serve-h200's arms: (build, hybrid manager, shim)
+H200_ARMS = {
+    "bug": (REVERTED, "on", "without"),
+    "fixed-launcher": (REVERTED, "on", "with (launcher)"),
+    "fixed-plugin": (REVERTED, "on", "with (plugin)"),
+    "baseline": ("0.25.0", "on", "without"),
+    "baseline-hma-off": ("0.25.0", "off", "without"),
+    "shim-hma-off": ("0.25.0", "off", "with (launcher)"),
+}
+KINDS = ("API server", "engine core", "tensor-parallel worker")
+REPORTED = "kv must have shape"
+
+
+def states_of(line: str) -> tuple[str, dict[str, str]]:
+    """A line's verdict and each patch's state: named ones as named, the rest `not_needed`."""
+    verdict, _, rest = line.partition(": ")
+    states = {p.name: "not_needed" for p in ALL}
+    for state, names in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest):
+        for name in filter(None, (n.split(" until ")[0].strip() for n in names.split(","))):
+            states[name] = state
+    return verdict, states
+
+
+def cpu_cell(arm: dict) -> str:
+    if arm["outcome"] == "error":
+        error = arm["error"]
+        name = error["type"].rsplit(".", 1)[-1]
+        return f"stops: `{name}: {error['message'].split(':', 1)[0]}`" if name == "HotfixError" else f"`{name}`"
+    views = {layer["view"]["bytes_per_token"] for name, layer in arm["layers"].items() if layer["kind"] == "swa"}
+    return (
+        "SWA view "
+        + "/".join(str(v) for v in sorted(views))
+        + " B/token"
+        + (" (FlashMLA rejects it)" if 512 in views else "")
+    )
+
+
+def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]:
+    """Each (build, hybrid manager, shim) cell's servers by tensor-parallel size, and a note for each
+    server that did not come up for another reason than the reported error (with its first error)."""
+    first = {
+        f"{ses['source']}-{s['label']}": s.get("first_error")
+        for ses in serve["sessions"]
+        for s in ses["summary"].get("servers", [])
+    }
+    cells: dict[tuple[str, str, str], dict[str, list[str]]] = {}
+    notes: list[str] = []
+    for arm, servers in sorted(serve["figures"]["outcomes"].items()):
+        for s in servers:
+            if s["reported_error"]:
+                what = "the reported error"
+            elif s["outcome"] == "ready":
+                what = "ready"
+            elif first[s["server"]] and "HotfixError" in first[s["server"]]:
+                what = "stopped by the shim: `" + first[s["server"]].split(": ")[1] + "`"
+            else:
+                notes.append(
+                    f"{s['server']} ({arm}, {s['tp']}): {s['outcome'] or 'no outcome'}, "
+                    f"first error: `{(first[s['server']] or 'none')[:140]}`"
+                )
+                what = f"{s['outcome'] or 'no outcome'} [{len(notes)}]"
+            cells.setdefault(H200_ARMS[arm], {}).setdefault(s["tp"], []).append(what)
+    text = {
+        key: "; ".join(
+            f"{tp}: "
+            + ", ".join(f"{v} x{values.count(v)}" if values.count(v) > 1 else v for v in dict.fromkeys(values))
+            for tp, values in tps.items()
+        )
+        for key, tps in cells.items()
+    }
+    return text, notes
+
+
+def render() -> str:
+    hybrid = json.loads((EVIDENCE / "hybrid-off.json").read_text())["versions"]
+    lines = json.loads((EVIDENCE / "lines.json").read_text())
+    h200, notes = h200_cells(json.loads((EVIDENCE / "serve-h200.json").read_text()))
+    builds = list(lines)
+    final = {build: states_of(lines[build]["engine core"][-1]) for build in builds}
+    for label, arms in hybrid.items():  # the two records agree, or the matrix is not written
+        build = CPU_LABEL.get(label, label)
+        recorded = {name: p["state"] for name, p in arms["with_shim"]["status"]["patches"].items()}
+        if build in final and recorded != final[build][1]:
+            raise SystemExit(f"{build}: hybrid-off.json says {recorded}, lines.json {final[build][1]}")
+    out = [
+        "# Version matrix",
+        "",
+        "Generated by `scripts/matrix.py` from the committed evidence; CI fails where this file and the",
+        "evidence differ (`tests/test_matrix.py`). `0.25.0 reverted` is vLLM 0.25.0 with PR #47716 reverted,",
+        "the reported pre-release's KV-cache code (no registry carries that build).",
+        "",
+        "## Builds, hybrid KV cache manager on and off",
+        "",
+        "CPU: vLLM's own `get_kv_cache_groups` and V2 runner views for a DeepSeek-V4 model with DSpark draft",
+        "layers (docs/evidence/hybrid-off.json). H200: `vllm serve` with the reported flags",
+        "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`).",
+        "",
+        "| vLLM build | hybrid manager | CPU, without the shim | CPU, with the shim | H200, without | H200, with "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, arms in hybrid.items():
+        build = CPU_LABEL.get(label, label)
+        for side in ("on", "off"):
+            key = f"hybrid_{side}"
+            with_h200 = "; ".join(
+                f"{shim[6:-1]}: {v}"
+                for (b, h, shim), v in h200.items()
+                if b == build and h == side and shim != "without"
+            )
+            out.append(
+                f"| {build} | {side} | {cpu_cell(arms['without_shim'][key])} | {cpu_cell(arms['with_shim'][key])} "
+                f"| {h200.get((build, side, 'without'), 'not run')} | {with_h200 or 'not run'} "
+                f"| {final[build][0] if build in final else 'not recorded'} |"
+            )
+    out += [
+        "",
+        "Servers neither ready nor stopped by the reported error or the shim (first error as logged;",
+        "docs/evidence/serve-h200.md tells each call):",
+        "",
+    ]
+    out += [f"{n}. {note}" for n, note in enumerate(notes, 1)]
+    out += [
+        "",
+        "## What each patch does, per build",
+        "",
+        "The state each patch ends in, in an engine core once every patch is judged (docs/evidence/lines.json;",
+        "docs/evidence/hybrid-off.json says the same where it measured the build).",
+        "",
+        "| patch | target | " + " | ".join(builds) + " |",
+        "|---|---|" + "---|" * len(builds),
+    ]
+    for patch in ALL:
+        cells = " | ".join(final[build][1][patch.name] for build in builds)
+        out.append(f"| `{patch.name}`{' (guard)' if patch.guards else ''} | `{patch.target}` | {cells} |")
+    out += [
+        "",
+        "## The exact lines",
+        "",
+        "What each process kind prints, in order, after `dspark_hotfix VERSION (pid PID) via SOURCE: `",
+        "(tests/real_vllm/test_lines.py imports each kind's modules in the order vLLM does). The last line of",
+        "a pid is its whole state.",
+    ]
+    for build in builds:
+        out += ["", f"### {build}", ""]
+        for kind in KINDS:
+            out += [f"{kind}:", "", "```", *lines[build][kind], "```", ""]
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not TARGET.exists() or TARGET.read_text() != text:
+            print(f"{TARGET.relative_to(ROOT)} is stale: run python scripts/matrix.py", file=sys.stderr)
+            return 1
+        return 0
+    TARGET.write_text(text)
+    print(f"wrote {TARGET.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

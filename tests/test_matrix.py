@@ -1,0 +1,46 @@
+"""docs/MATRIX.md, the version matrix: generated from the committed evidence, and refused where records disagree."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dspark_hotfix.patches import ALL
+from tests.scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return load_script("matrix.py")
+
+
+def test_the_committed_matrix_is_what_the_evidence_gives(matrix):
+    assert matrix.main(["--check"]) == 0, "run python scripts/matrix.py and commit docs/MATRIX.md"
+
+
+def test_every_recorded_line_reads_back_as_its_counts(matrix):
+    lines = json.loads((matrix.EVIDENCE / "lines.json").read_text())
+    seen = 0
+    for kinds in lines.values():
+        for line in (line for kind_lines in kinds.values() for line in kind_lines):
+            verdict, states = matrix.states_of(line)
+            counts = {state: int(n) for n, state in re.findall(r"(\d+) (\w+)", line.partition(": ")[2])}
+            assert verdict in ("fixing", "guarding", "removable", "problem", "undecided")
+            assert set(states) == {p.name for p in ALL} and Counter(states.values()) == counts, line
+            seen += 1
+    assert seen >= 4 * 3
+
+
+def test_a_matrix_is_not_written_where_two_records_disagree(matrix, tmp_path: Path, monkeypatch):
+    shutil.copytree(matrix.EVIDENCE, tmp_path / "evidence", ignore=shutil.ignore_patterns("*-logs", "hybrid-off*"))
+    hybrid = json.loads((matrix.EVIDENCE / "hybrid-off.json").read_text())
+    hybrid["versions"]["0.25.0"]["with_shim"]["status"]["patches"]["kv_view_guard"]["state"] = "not_needed"
+    (tmp_path / "evidence" / "hybrid-off.json").write_text(json.dumps(hybrid))
+    monkeypatch.setattr(matrix, "EVIDENCE", tmp_path / "evidence")
+    with pytest.raises(SystemExit, match="0.25.0: hybrid-off.json says"):
+        matrix.render()
