@@ -38,7 +38,7 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
-from tests.test_packaging import venv  # noqa: F401  (the fixture: a fresh venv with the wheel installed)
+from tests.deployment.test_packaging import venv  # noqa: F401  (the fixture: a fresh venv with the wheel installed)
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child

@@ -194,7 +194,7 @@ def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_m
 @pytest.fixture
 def fixed_standin(tmp_path):
     from tests.conftest import edited_standin
-    from tests.test_safety import FIXED
+    from tests.security.test_safety import FIXED
 
     return edited_standin(tmp_path / "standin", FIXED)
 
