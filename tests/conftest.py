@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +230,62 @@ def copy_of_shim(root: Path) -> Path:
 def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
     return subprocess.run(argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120)
+
+
+# Copies of the stand-in build, each a fixture of the tests that need it in several folders.
+
+@pytest.fixture
+def fixed_standin(tmp_path):
+    """The stand-in with the upstream fix: nothing for the shim to do."""
+    return edited_standin(tmp_path / "standin", FIXED)
+
+
+@pytest.fixture
+def broken_standin(tmp_path):
+    """A copy of the stand-in whose SWA method has another signature."""
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    swa = root / "vllm/v1/attention/backends/mla/sparse_swa.py"
+    swa.write_text(swa.read_text().replace("def get_kv_cache_spec(self, vllm_config)",
+                                           "def get_kv_cache_spec(self, vllm_config, layer_idx=0)"))
+    return root
+
+
+# The wheel installed in a fresh venv, as an image would install it (both activation paths,
+# doctor, the launcher and packaging use it).
+
+IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory, wheel) -> dict:
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip())
+    # The image's own customisation, as Debian and Ubuntu Pythons ship one.
+    (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "python": python, "bin": root / "bin", "purelib": purelib}
+
+
+def run_in_venv(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):
+    full = clean_env(**env)
+    full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
+    if path:
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    command = [str(venv["python"]), "-c", code] if code is not None else list(args)
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
+
+
+def startup_dir(venv: dict) -> Path:
+    proc = run_in_venv(venv, args=("dspark-hotfix", "path"))
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout.strip())

@@ -38,7 +38,6 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
-from tests.deployment.test_packaging import venv  # noqa: F401  (the fixture: a fresh venv with the wheel installed)
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child
@@ -263,14 +262,14 @@ def test_a_fork_during_activation_waits_for_it_and_the_child_inherits_it_whole(h
 SPACED = "other, dspark_hotfix"
 
 
-def in_venv(venv: dict, *args: str, path: tuple[Path | str, ...] = (STANDIN,), **env: str):  # noqa: F811
+def in_venv(venv: dict, *args: str, path: tuple[Path | str, ...] = (STANDIN,), **env: str):
     full = clean_env(**env)
     full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
     full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
     return subprocess.run(list(args), env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
 
 
-def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv):  # noqa: F811
+def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv):
     proc = in_venv(venv, "dspark-hotfix", "doctor", "--json", VLLM_PLUGINS=SPACED)
     report = json.loads(proc.stdout)
     assert proc.returncode == 1, proc.stdout
@@ -279,7 +278,7 @@ def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv)
         report["problems"]
 
 
-def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):  # noqa: F811
+def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):
     code = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
             "import vllm.plugins; vllm.plugins.load_general_plugins()\n" + STATUS)
     proc = in_venv(venv, str(venv["python"]), "-c", code, VLLM_PLUGINS=SPACED)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -194,17 +193,6 @@ def test_malformed_value_warns_once_and_uses_the_default(var, value):
     else:
         assert len(warnings) == 1
     assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
-
-
-@pytest.fixture
-def broken_standin(tmp_path):
-    """A copy of the stand-in whose SWA method has another signature."""
-    root = tmp_path / "standin"
-    shutil.copytree(STANDIN, root)
-    swa = root / "vllm/v1/attention/backends/mla/sparse_swa.py"
-    swa.write_text(swa.read_text().replace("def get_kv_cache_spec(self, vllm_config)",
-                                           "def get_kv_cache_spec(self, vllm_config, layer_idx=0)"))
-    return root
 
 
 def test_unexpected_signature_warns_and_vllm_runs_unpatched(broken_standin):

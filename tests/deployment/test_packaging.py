@@ -15,45 +15,20 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__
-from tests.conftest import ALL_PATCHED, STANDIN, STATUS, clean_env, last_json, state_of, summary_lines
+from tests.conftest import (
+    ALL_PATCHED,
+    IMAGE_CUSTOMISATION,
+    STANDIN,
+    STATUS,
+    last_json,
+    run_in_venv,
+    startup_dir,
+    state_of,
+    summary_lines,
+)
 
 TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
-IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
-
-
-@pytest.fixture(scope="session")
-def venv(tmp_path_factory, wheel) -> dict:
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-    python = root / "bin" / "python"
-    purelib = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip())
-    # The image's own customisation, as Debian and Ubuntu Pythons ship one.
-    (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
-    proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return {"root": root, "python": python, "bin": root / "bin", "purelib": purelib}
-
-
-def run(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):
-    full = clean_env(**env)
-    full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
-    if path:
-        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    command = [str(venv["python"]), "-c", code] if code is not None else list(args)
-    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
-
-
-def startup_dir(venv: dict) -> Path:
-    proc = run(venv, args=("dspark-hotfix", "path"))
-    assert proc.returncode == 0, proc.stderr
-    return Path(proc.stdout.strip())
 
 
 def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_dockerfiles(venv):
@@ -64,7 +39,7 @@ def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_docker
 
     from tests.conftest import REPO
 
-    fresh = run(venv, "import wrapt; print(wrapt.__version__)").stdout.strip()
+    fresh = run_in_venv(venv, "import wrapt; print(wrapt.__version__)").stdout.strip()
     assert fresh.startswith("2."), fresh
     pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
     assert pinned and f"wrapt=={pinned[1]}" in (REPO / "requirements-dev.txt").read_text().split()
@@ -84,7 +59,7 @@ def test_path_command_names_a_directory_holding_only_our_sitecustomize(venv):
 
 
 def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
-    proc = run(venv, TARGETS + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
+    proc = run_in_venv(venv, TARGETS + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
                path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])
@@ -94,7 +69,7 @@ def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv
 
 
 def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
-    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"patched"}
@@ -102,14 +77,14 @@ def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    proc = run(venv, "import vllm\n" + PLUGINS + TARGETS + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, "import vllm\n" + PLUGINS + TARGETS + STATUS, path=(STANDIN,))
     assert {r["state"] for r in last_json(proc.stdout).values()} == {"patched"}, proc.stderr
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
                                           ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
-    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,), **env)
+    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert all(why in r["detail"] for r in rows.values())
@@ -117,7 +92,7 @@ def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
 
 
 def test_both_paths_share_one_installer(venv):
-    proc = run(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
+    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == ALL_PATCHED  # one activation's lines
@@ -125,7 +100,7 @@ def test_both_paths_share_one_installer(venv):
 
 
 def test_doctor_json_against_the_standin_says_needed_and_active(venv):
-    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout
     assert (report["schema"], report["verdict"], report["exit_code"]) == (2, "fixing", 0)
@@ -140,21 +115,21 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
 
 
 def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
-    proc = run(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
     assert proc.returncode == 1
     assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
             "draft_load_coverage, kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
 
 
 def test_doctor_fails_without_any_activation_path(venv):
-    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=(STANDIN,), VLLM_PLUGINS="")
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=(STANDIN,), VLLM_PLUGINS="")
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["verdict"] == "problem"
     assert any(p.startswith("no activation path") for p in report["problems"])
 
 
 def test_doctor_fails_without_vllm(venv):
-    proc = run(venv, args=("dspark-hotfix", "doctor", "--json"))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"))
     assert proc.returncode == 1
     assert f"vLLM cannot be imported by {venv['python']}" in json.loads(proc.stdout)["problems"][0]
 
@@ -162,7 +137,7 @@ def test_doctor_fails_without_vllm(venv):
 def test_version_flag_prints_the_version(venv):
     import dspark_hotfix
 
-    proc = run(venv, args=("dspark-hotfix", "--version"))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "--version"))
     assert (proc.returncode, proc.stdout.strip()) == (0, f"dspark-hotfix {dspark_hotfix.__version__}")
 
 
@@ -171,7 +146,8 @@ def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
     # absolute entries already there (an empty one would put the cwd on sys.path), checks
     # the command's interpreter, says so in one line on stderr, and execs the command.
     code = TARGETS + STATUS + "import sys; print(json.dumps(sys.path))"
-    proc = run(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code), path=("", STANDIN, "relative/dir"))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code),
+                       path=("", STANDIN, "relative/dir"))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])
     assert {r["state"] for r in rows.values()} == {"patched"}
@@ -185,24 +161,16 @@ def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
 def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(venv, tmp_path):
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    proc = run(venv, args=("dspark-hotfix", "run", "--", str(bare / "bin" / "python"), "-c", "print('ran')"))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", str(bare / "bin" / "python"), "-c", "print('ran')"))
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
     assert f"{bare / 'bin' / 'python'} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
 
 
-@pytest.fixture
-def fixed_standin(tmp_path):
-    from tests.conftest import edited_standin
-    from tests.security.test_safety import FIXED
-
-    return edited_standin(tmp_path / "standin", FIXED)
-
-
 def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
     path = (startup_dir(venv), fixed_standin)
-    doctor = run(venv, args=("dspark-hotfix", "doctor", "--json"), path=path)
-    status = run(venv, args=("dspark-hotfix", "status", "--import-targets", "--json"), path=path)
+    doctor = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=path)
+    status = run_in_venv(venv, args=("dspark-hotfix", "status", "--import-targets", "--json"), path=path)
     assert (doctor.returncode, status.returncode) == (3, 3), doctor.stdout + status.stdout
     for report in (json.loads(doctor.stdout), json.loads(status.stdout)):
         assert report["verdict"] == "removable" and report["schema"] == 2

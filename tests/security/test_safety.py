@@ -17,14 +17,12 @@ import pytest
 from tests.conftest import (
     ALL_PATCHED,
     ENGINE_CORE_FIRST,
-    FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
     WRAP_DEPTH,
     clean_env,
-    edited_standin,
     json_lines,
     last_json,
     listing,
@@ -203,11 +201,6 @@ def test_start_up_loads_only_the_standard_library_and_the_package_module():
         assert path is None or path.startswith(stdlib) or path.startswith(ours), (name, path)
     assert not [n for n, p in added.items() if p and p.startswith(ours) and n not in (
         "sitecustomize", "dspark_hotfix")]
-
-
-@pytest.fixture
-def fixed_standin(tmp_path):
-    return edited_standin(tmp_path / "standin", FIXED)
 
 
 def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
