@@ -289,3 +289,49 @@ def startup_dir(venv: dict) -> Path:
     proc = run_in_venv(venv, args=("dspark-hotfix", "path"))
     assert proc.returncode == 0, proc.stderr
     return Path(proc.stdout.strip())
+
+
+# vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
+
+
+WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
+
+
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
+           "draft_load_coverage", "kv_view_guard")
+
+
+IS_ORIGINAL = """
+import json, types
+from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+import vllm.v1.worker.gpu.attn_utils as U
+import vllm.v1.core.kv_cache_utils as K
+print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (K, 'get_kv_cache_groups'),
+       (D, 'load_weights'), (U, '_reshape_kv_cache'))]))
+"""
+
+
+CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
+
+
+def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
+          env: dict[str, str] | None = None, cwd: Path | str | None = None,
+          timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never raises
+    on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
+    full = clean_env(**(env or {}))
+    if path:
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    argv = [sys.executable, *(("-c", code) if code is not None else args)]
+    try:
+        return subprocess.run(argv, env=full, cwd=str(cwd) if cwd else None, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return subprocess.CompletedProcess(argv, None, out, err + "\n(killed: timeout)")  # type: ignore[arg-type]
+

@@ -31,6 +31,7 @@ from tests.conftest import (
     STANDIN,
     STATUS,
     WRAP_DEPTH,
+    child,
     clean_env,
     last_json,
     patch_names,
@@ -41,27 +42,8 @@ from tests.conftest import (
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child
-CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
 RUNS = 5
 ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
-
-
-def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
-          env: dict[str, str] | None = None, cwd: Path | str | None = None,
-          timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never raises
-    on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
-    full = clean_env(**(env or {}))
-    if path:
-        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    argv = [sys.executable, *(("-c", code) if code is not None else args)]
-    try:
-        return subprocess.run(argv, env=full, cwd=str(cwd) if cwd else None, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        return subprocess.CompletedProcess(argv, None, out, err + "\n(killed: timeout)")  # type: ignore[arg-type]
 
 
 def states(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:

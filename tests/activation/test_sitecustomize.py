@@ -12,9 +12,13 @@ from dspark_hotfix import __version__
 from tests.conftest import (
     ALL_PATCHED,
     ENGINE_CORE_FIRST,
+    IS_ORIGINAL,
+    PATCHES,
     REPO,
     STANDIN,
     STATUS,
+    TARGETS,
+    WARMUP,
     clean_env,
     last_json,
     log_lines,
@@ -23,23 +27,6 @@ from tests.conftest import (
     warning_lines,
 )
 from tests.standin.warmup import CHECKPOINT
-
-# vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
-TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
-WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
-           "draft_load_coverage", "kv_view_guard")
-IS_ORIGINAL = """
-import json, types
-from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
-from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
-import vllm.v1.worker.gpu.attn_utils as U
-import vllm.v1.core.kv_cache_utils as K
-print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
-      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (K, 'get_kv_cache_groups'),
-       (D, 'load_weights'), (U, '_reshape_kv_cache'))]))
-"""
 
 
 def test_pythonpath_activation_patches_every_target_on_import():
