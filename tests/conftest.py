@@ -92,7 +92,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-# Helpers of the attack suite (test_properties, test_faults, test_processes, test_hostile, test_safety).
+# Helpers of the subprocess tests in every folder (activation, switches, patches, reporting, security).
 
 # Imports every patch's target module (an import line each, for run_python code), in the order of
 # vLLM's engine core: KV-cache grouping (the scheduler's), then the V2 runner, then the model.
@@ -291,17 +291,12 @@ def startup_dir(venv: dict) -> Path:
     return Path(proc.stdout.strip())
 
 
-# vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
+# What activation tests import and run. vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
 TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
-
-
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-
-
+# Every patch, and whether each target is vLLM's plain function: a new patch is added to both.
 PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
            "draft_load_coverage", "kv_view_guard")
-
-
 IS_ORIGINAL = """
 import json, types
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A

@@ -1,5 +1,6 @@
 """``dspark-hotfix doctor`` on the start-up paths it reports: which sitecustomize ran, what it
-chained, what failed, and output that stays short whatever the environment holds."""
+chained, what failed, and output that stays short whatever the environment holds; its verdicts from the
+installed wheel (needed, switched off, no activation path, no vLLM) and the wrapt releases it knows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO, STANDIN, clean_env, copy_of_shim, run_in_env
+import pytest
+
+from tests.conftest import (
+    REPO,
+    STANDIN,
+    child,
+    clean_env,
+    copy_of_shim,
+    run_in_env,
+    run_in_venv,
+    run_python,
+    startup_dir,
+)
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 
@@ -77,3 +90,107 @@ def test_doctor_output_stays_short_with_hundreds_of_entries_in_every_variable(tm
     assert relative.endswith("'relative/0', 'relative/1', 'relative/2', ... (297 more)")
     assert len(report["pythonpath"]) == 21 and report["pythonpath"][-1] == "... (282 more)"
     assert report["switches"]["patches"].endswith(f"... ({len(env['DSPARK_HOTFIX_PATCHES'])} characters)")
+
+
+@pytest.mark.parametrize("version, supported", [
+    ("1.17.3", True), ("1.17.0", True), ("2.0.0", True), ("2.5.2", True), ("2.10.1rc1", True),
+    ("1.16.0", False), ("1.10.11", False), ("3.0.0", False), ("nightly", False),
+])
+def test_doctor_names_a_wrapt_outside_the_tested_releases(tmp_path, version, supported):
+    # An image that brings its own wrapt keeps it (the Dockerfile installs one only where
+    # there is none); doctor, a build step there, fails on one the shim is not tested with.
+    from dspark_hotfix.doctor import wrapt_supported
+
+    assert wrapt_supported(version) is supported
+    if version != "1.10.11":
+        return
+    dist = tmp_path / f"wrapt-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: wrapt\nVersion: {version}\n")
+    proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
+                      path=(REPO, STANDIN, tmp_path), check=False)
+    report = __import__("json").loads(proc.stdout)
+    assert proc.returncode == 1 and report["versions"]["wrapt"] == version
+    assert any(f"wrapt {version} is not one the shim is tested with (1.17 to 2.x)" in p for p in report["problems"])
+
+
+# doctor names the sitecustomize that chain() imported at start-up.
+
+DOCTOR = "from dspark_hotfix import cli; raise SystemExit(cli.main(['doctor', '--json']))"
+
+
+def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomize():
+    # The checkout root holds sitecustomize.py (a link to ours); `-m` puts the working directory on sys.path
+    # after start-up, when nothing chains any more.
+    proc = child(args=("-m", "dspark_hotfix", "doctor", "--json"), path=(STARTUP, STANDIN), cwd=REPO)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not any("working directory" in w for w in report["warnings"]), report["warnings"]
+    assert str(REPO / "sitecustomize.py") not in json.dumps(report["sitecustomize"])
+    chained = report["sitecustomize"]["chained"]
+    assert chained is None or not str(chained.get("file")).startswith(str(REPO)), chained
+
+
+def test_doctor_reports_an_image_sitecustomize_that_fails_at_every_start(tmp_path):
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("raise RuntimeError('image customisation broke')\n")
+    proc = child(DOCTOR, path=(STARTUP, image, STANDIN), cwd=tmp_path)
+    report = json.loads(proc.stdout)
+    assert "Error in sitecustomize" in proc.stderr  # said at start-up, as site says it
+    assert report["sitecustomize"]["ours"]
+    assert any("failed" in w and "RuntimeError: image customisation broke" in w for w in report["warnings"]), \
+        report["warnings"]
+
+
+def test_doctor_json_against_the_standin_says_needed_and_active(venv):
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=(startup_dir(venv), STANDIN))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout
+    assert (report["schema"], report["verdict"], report["exit_code"]) == (2, "fixing", 0)
+    assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
+    assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
+    assert {p["name"]: p["needed"] for p in report["patches"]} == {
+        "remap_dspark_name": True, "attention_kv_cache_spec": True, "swa_kv_cache_spec": True,
+        "kv_cache_groups": True, "draft_load_coverage": True, "kv_view_guard": True,
+    }
+    swa = next(p for p in report["patches"] if p["name"] == "swa_kv_cache_spec")
+    assert swa["detail"] == "needed (vLLM returns 512 bytes/token for fp8_ds_mla; shim gives 584)"
+
+
+def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
+    assert proc.returncode == 1
+    assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
+            "draft_load_coverage, kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
+
+
+def test_doctor_fails_without_any_activation_path(venv):
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=(STANDIN,), VLLM_PLUGINS="")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["verdict"] == "problem"
+    assert any(p.startswith("no activation path") for p in report["problems"])
+
+
+def test_doctor_fails_without_vllm(venv):
+    proc = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"))
+    assert proc.returncode == 1
+    assert f"vLLM cannot be imported by {venv['python']}" in json.loads(proc.stdout)["problems"][0]
+
+
+CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):
+    return run_python(f"import sys; sys.argv[1:] = {list(args)!r}\n" + CLI, path=path, check=False, **kwargs)
+
+
+def test_doctor_warns_about_the_working_directory_on_the_path(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("")
+    proc = cli("doctor", "--json", path=(STARTUP, STANDIN, "", "relative/dir"), cwd=tmp_path)
+    warnings = json.loads(proc.stdout)["warnings"]
+    assert proc.returncode == 0  # warnings do not change the verdict
+    assert any(w.startswith("PYTHONPATH has an empty entry") for w in warnings)
+    assert "PYTHONPATH has relative entries, whose meaning depends on the working directory: 'relative/dir'" \
+        in warnings
+    assert any(w.endswith(f"{tmp_path / 'sitecustomize.py'}, from the working directory") for w in warnings)
