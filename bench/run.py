@@ -237,8 +237,9 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         *(f"| `{m}` | {statistics.median(t.get(m, 0) for t in times[0::2]):.0f} | "
           f"{statistics.median(t.get(m, 0) for t in times[1::2]):.0f} |" for m in SHIM_MODULES),
         "",
-        "Nothing else is imported: `tests/test_activation.py::test_startup_imports_nothing_heavy_when_vllm_is_never_"
-        "imported` asserts that wrapt, logging, typing, inspect, importlib.abc, dataclasses and the shim's registry "
+        "Nothing else is imported: `tests/activation/test_interpreter.py::"
+        "test_startup_imports_nothing_heavy_when_vllm_is_never_imported` asserts that wrapt, logging, typing, "
+        "inspect, importlib.abc, dataclasses and the shim's registry "
         "are not in `sys.modules` of such a process.",
         "",
     ]

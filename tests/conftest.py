@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,7 +92,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-# Helpers of the attack suite (test_properties, test_faults, test_processes, test_hostile, test_safety).
+# Helpers of the subprocess tests in every folder (activation, switches, patches, reporting, security).
 
 # Imports every patch's target module (an import line each, for run_python code), in the order of
 # vLLM's engine core: KV-cache grouping (the scheduler's), then the V2 runner, then the model.
@@ -229,3 +230,103 @@ def copy_of_shim(root: Path) -> Path:
 def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
     return subprocess.run(argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120)
+
+
+# Copies of the stand-in build, each a fixture of the tests that need it in several folders.
+
+@pytest.fixture
+def fixed_standin(tmp_path):
+    """The stand-in with the upstream fix: nothing for the shim to do."""
+    return edited_standin(tmp_path / "standin", FIXED)
+
+
+@pytest.fixture
+def broken_standin(tmp_path):
+    """A copy of the stand-in whose SWA method has another signature."""
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    swa = root / "vllm/v1/attention/backends/mla/sparse_swa.py"
+    swa.write_text(swa.read_text().replace("def get_kv_cache_spec(self, vllm_config)",
+                                           "def get_kv_cache_spec(self, vllm_config, layer_idx=0)"))
+    return root
+
+
+# The wheel installed in a fresh venv, as an image would install it (both activation paths,
+# doctor, the launcher and packaging use it).
+
+IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory, wheel) -> dict:
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip())
+    # The image's own customisation, as Debian and Ubuntu Pythons ship one.
+    (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "python": python, "bin": root / "bin", "purelib": purelib}
+
+
+def run_in_venv(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):
+    full = clean_env(**env)
+    full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
+    if path:
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    command = [str(venv["python"]), "-c", code] if code is not None else list(args)
+    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
+
+
+def startup_dir(venv: dict) -> Path:
+    proc = run_in_venv(venv, args=("dspark-hotfix", "path"))
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout.strip())
+
+
+# What activation tests import and run. vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
+WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
+# Every patch, and whether each target is vLLM's plain function: a new patch is added to both.
+PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
+           "draft_load_coverage", "kv_view_guard")
+IS_ORIGINAL = """
+import json, types
+from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
+from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
+from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
+import vllm.v1.worker.gpu.attn_utils as U
+import vllm.v1.core.kv_cache_utils as K
+print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
+      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (K, 'get_kv_cache_groups'),
+       (D, 'load_weights'), (U, '_reshape_kv_cache'))]))
+"""
+
+
+CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
+
+
+def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
+          env: dict[str, str] | None = None, cwd: Path | str | None = None,
+          timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never raises
+    on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
+    full = clean_env(**(env or {}))
+    if path:
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    argv = [sys.executable, *(("-c", code) if code is not None else args)]
+    try:
+        return subprocess.run(argv, env=full, cwd=str(cwd) if cwd else None, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return subprocess.CompletedProcess(argv, None, out, err + "\n(killed: timeout)")  # type: ignore[arg-type]
+

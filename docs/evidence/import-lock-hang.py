@@ -4,7 +4,7 @@ Run with a vLLM venv's python and the shim on PYTHONPATH, from outside the repos
     cd /tmp && PYTHONPATH=<checkout> <venv>/bin/python <checkout>/docs/evidence/import-lock-hang.py
 A hang ends after 60 s with faulthandler's dump of both threads and exit 1. Measured 2026-12-01 on vLLM
 0.25.0 (CPU): the watcher that activated inside find_spec (commit 91cfbdc) hung 3 of 3 runs; the loader
-that activates in exec_module finished 3 of 3, in 4.2 to 4.4 s. tests/test_activation_hazards.py holds the
+that activates in exec_module finished 3 of 3, in 4.2 to 4.4 s. tests/activation/test_concurrency.py holds the
 same scenario on the stand-in.
 """
 import faulthandler, sys, threading, time, importlib.util

@@ -21,7 +21,7 @@ import pytest
 from dspark_hotfix import __version__
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.venvs import ensure_venv
-from tests.test_metrics import PATCHES, Scrape
+from tests.reporting.test_metrics import PATCHES, Scrape
 
 pytestmark = pytest.mark.real_vllm
 

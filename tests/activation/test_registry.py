@@ -1,12 +1,26 @@
 """The registry's own promises: one registry per process, patches that never
-import it, a status() that only reads, and a checkout that exposes nothing else."""
+import it, a status() that only reads, and a checkout that exposes nothing else; install() twice, or
+after vLLM is imported, patches each target once."""
 
 from __future__ import annotations
 
 import ast
 import json
 
-from tests.conftest import IMPORT_ALL, REPO, STANDIN, WRAP_DEPTH, json_lines, patch_names, run_python, summary_lines
+from tests.conftest import (
+    IMPORT_ALL,
+    IS_ORIGINAL,
+    PATCHES,
+    REPO,
+    STANDIN,
+    STATUS,
+    TARGETS,
+    WRAP_DEPTH,
+    json_lines,
+    patch_names,
+    run_python,
+    summary_lines,
+)
 
 RACE = f"""
 import json, sys, threading, time
@@ -88,3 +102,22 @@ print(json.dumps([found, {r["name"]: r["state"] for r in dspark_hotfix.status()[
     assert found == {"tests": False, "bench": False, "scripts": False}
     assert states == dict.fromkeys(patch_names(), "patched")
     assert str(REPO) not in path
+
+
+def test_hooks_fire_when_installed_after_vllm_is_imported():
+    # The shim's directory is not on PYTHONPATH: no sitecustomize, a late install().
+    code = TARGETS + "import dspark_hotfix; dspark_hotfix.install()\n" + IS_ORIGINAL + STATUS
+    proc = run_python(f"import sys; sys.path.append({str(REPO)!r})\n" + code, path=(STANDIN,))
+    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert originals == [False] * len(PATCHES)
+    assert {r["state"] for r in rows.values()} == {"patched"}
+    assert {r["activated_by"] for r in rows.values()} == {"api"}
+
+
+def test_double_install_is_idempotent():
+    code = TARGETS + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
+    proc = run_python(code + IS_ORIGINAL + STATUS)
+    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert originals == [False] * len(PATCHES)
+    assert len(summary_lines(proc.stderr)) == 1
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}

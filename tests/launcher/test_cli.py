@@ -1,4 +1,4 @@
-"""The operator contract of the command line: exit codes, one JSON object, help, doctor's warnings."""
+"""The operator contract of the command line: exit codes, one JSON object, help, ``--version``, ``path``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from tests.conftest import REPO, STANDIN, run_python
+from tests.conftest import (
+    REPO,
+    STANDIN,
+    run_in_venv,
+    run_python,
+    startup_dir,
+)
 
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
 STARTUP = REPO / "dspark_hotfix" / "startup"
@@ -68,12 +74,14 @@ def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
     assert len(report["problems"]) == len(set(report["problems"]))  # each said once
 
 
-def test_doctor_warns_about_the_working_directory_on_the_path(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("")
-    proc = cli("doctor", "--json", path=(STARTUP, STANDIN, "", "relative/dir"), cwd=tmp_path)
-    warnings = json.loads(proc.stdout)["warnings"]
-    assert proc.returncode == 0  # warnings do not change the verdict
-    assert any(w.startswith("PYTHONPATH has an empty entry") for w in warnings)
-    assert "PYTHONPATH has relative entries, whose meaning depends on the working directory: 'relative/dir'" \
-        in warnings
-    assert any(w.endswith(f"{tmp_path / 'sitecustomize.py'}, from the working directory") for w in warnings)
+def test_path_command_names_a_directory_holding_only_our_sitecustomize(venv):
+    directory = startup_dir(venv)
+    assert sorted(p.name for p in directory.iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]
+    assert directory.is_relative_to(venv["purelib"])
+
+
+def test_version_flag_prints_the_version(venv):
+    import dspark_hotfix
+
+    proc = run_in_venv(venv, args=("dspark-hotfix", "--version"))
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"dspark-hotfix {dspark_hotfix.__version__}")

@@ -1,8 +1,8 @@
 """Threads, child processes and reloads: every patch applied once, never half.
 
 A serving process imports vLLM from many threads, forks and spawns workers,
-and development servers reload modules. (``spawn`` children are in
-test_activation.py.)
+and development servers reload modules. (A fork during activation itself is in
+test_concurrency.py.)
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import pytest
 from dspark_hotfix.patches import ALL
 from tests.conftest import (
     ALL_PATCHED,
+    PATCHES,
+    REPO,
     WRAP_DEPTH,
     json_lines,
+    last_json,
     patch_names,
     run_python,
     state_of,
@@ -169,3 +172,28 @@ def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patc
                                                         "dspark_hotfix.status()))\n")).stdout)[-1]
     assert status["verdict"] == "problem"
     assert all("no longer the shim's wrapper" in row["detail"] for row in status["patches"] if row["name"] in reloaded)
+
+
+def test_spawn_children_are_each_patched():
+    code = """
+import multiprocessing as mp, json
+
+def child(_):  # a tensor-parallel worker: the runner and the model, not (yet) vLLM's KV-cache grouping
+    import dspark_hotfix, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention, os
+    import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa
+    return os.getpid(), [r['state'] for r in dspark_hotfix.status()['patches']]
+
+if __name__ == '__main__':
+    with mp.get_context('spawn').Pool(8) as pool:
+        print(json.dumps(pool.map(child, range(8), chunksize=1)))
+"""
+    script = REPO / ".pytest_cache" / "spawn_children.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(code)
+    proc = run_python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    results = last_json(proc.stdout)
+    assert len(results) == 8
+    # vLLM never imports kv_cache_groups's module in a worker; the shim does, to judge it as everywhere.
+    expected = ["patched"] * len(PATCHES)
+    assert all(states == expected for _, states in results)
+    assert len(summary_lines(proc.stderr)) >= len({pid for pid, _ in results})

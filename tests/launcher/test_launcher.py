@@ -4,14 +4,28 @@ command says itself whether the shim is active in it (a watcher of ours on sys.m
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dspark_hotfix import __version__
 from dspark_hotfix.cli import interpreter_options
-from tests.conftest import REPO, clean_env, run_in_env
+from tests.conftest import (
+    ALL_PATCHED,
+    REPO,
+    STANDIN,
+    STATUS,
+    clean_env,
+    run_in_env,
+    run_in_venv,
+    startup_dir,
+    state_of,
+    summary_lines,
+)
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 PROBE = "import sys; print('ACTIVE', any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))"
@@ -86,3 +100,58 @@ def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim
     isolated = launch(tmp_path, python, "-I", "-c", PROBE)
     assert isolated.returncode == 1 and "-I: it ignores PYTHONPATH" in isolated.stderr
     assert "pip install" not in isolated.stderr  # installing would not help while -I stays
+
+
+def test_run_refuses_an_interpreter_whose_flags_keep_the_shim_out(tmp_path):
+    said = "import sys; print('RAN', 'dspark_hotfix' in sys.modules)"
+    plain = launch(tmp_path, sys.executable, "-c", said)
+    assert plain.returncode == 0 and plain.stdout == "RAN True\n", plain.stderr  # the check itself lets it through
+    isolated = launch(tmp_path, sys.executable, "-I", "-c", said)
+    assert isolated.returncode == 1 and "RAN" not in isolated.stdout
+    assert "would not be active" in isolated.stderr and "-I" in isolated.stderr, isolated.stderr
+
+
+def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
+    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", "print('ran')"]
+    for switch, said in ((None, ""), ("0", "; DSPARK_HOTFIX='0' turns the hotfix off in it")):
+        env = clean_env(PYTHONPATH=str(REPO), **({"DSPARK_HOTFIX": switch} if switch else {}))
+        proc = run_in_env(command, env, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+        (line,) = [line for line in proc.stderr.splitlines() if ": running " in line]
+        assert line.endswith(f"starts it{said})"), line
+
+
+def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):
+    proc = launch(tmp_path, "dspark-hotfix-no-such-command-4711")
+    assert proc.returncode == 127
+    assert "dspark-hotfix-no-such-command-4711: command not found" in proc.stderr
+    assert "not a Python program" not in proc.stderr
+
+
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
+
+
+def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
+    # The launcher puts the start-up directory first on PYTHONPATH, keeps only the
+    # absolute entries already there (an empty one would put the cwd on sys.path), checks
+    # the command's interpreter, says so in one line on stderr, and execs the command.
+    code = TARGETS + STATUS + "import sys; print(json.dumps(sys.path))"
+    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code),
+                       path=("", STANDIN, "relative/dir"))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {r["state"] for r in rows.values()} == {"patched"}
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+    banner, *lines = proc.stderr.splitlines()  # then the state lines: the last is the whole state
+    assert banner.startswith("dspark_hotfix ") and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
+    assert len(summary_lines("\n".join(lines))) == len(lines) and state_of(lines[-1]).endswith(ALL_PATCHED)
+    assert "relative/dir" not in json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(venv, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", str(bare / "bin" / "python"), "-c", "print('ran')"))
+    assert proc.returncode == 1 and "ran" not in proc.stdout
+    assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
+    assert f"{bare / 'bin' / 'python'} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr

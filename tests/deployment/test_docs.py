@@ -152,9 +152,10 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
     assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
     # The lists of patch names a new patch is added to, each where the guide says it is.
-    for name, path in (("PATCHES", "tests/test_activation.py"), ("IS_ORIGINAL", "tests/test_activation.py"),
+    for name, path in (("PATCHES", "tests/conftest.py"), ("IS_ORIGINAL", "tests/conftest.py"),
                        ("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
-                       ("OUTPUTS", "tests/test_faults.py"), ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
+                       ("OUTPUTS", "tests/patches/faults.py"),
+                       ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
                        ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
                        ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
         assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name

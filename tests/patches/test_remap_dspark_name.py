@@ -1,23 +1,75 @@
-"""Properties of the two corrections over generated names, drafts and specs.
+"""The remap correction as a plain function, on the stand-in draft's loader, and its properties.
 
 The remap correction may change exactly one kind of answer (``mtp.{i}.<rest>``
 sent to ``model.layers.{j}.<rest>`` with ``j`` outside the draft's layers and
-``i`` inside); the spec correction may touch only DeepSeek-V4 ``fp8_ds_mla``
-specs, and must give them 584 bytes per token. The oracles below are written
-from that contract, not from the implementation.
+``i`` inside). The oracles of the properties are written from that contract,
+not from the implementation.
 """
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dspark_hotfix.patches.fp8_ds_mla import BYTES_PER_TOKEN, CACHE_DTYPE, fp8_ds_mla_spec, runner_bytes_per_token
 from dspark_hotfix.patches.remap_dspark_name import PATCH as REMAP
 from dspark_hotfix.patches.remap_dspark_name import remap_dspark_name
+
+N, K = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
+
+
+@pytest.mark.parametrize("i", range(K))
+def test_shifted_layer_lands_on_the_draft_layer(i):
+    shifted = f"model.layers.{N + i}.attn.wkv.weight"
+    assert remap_dspark_name(f"mtp.{i}.attn.wkv.weight", shifted, K) == f"model.layers.{i}.attn.wkv.weight"
+
+
+@pytest.mark.parametrize(
+    ("name", "mapped"),
+    [
+        ("mtp.0.attn.wkv.weight", "model.layers.0.attn.wkv.weight"),  # already right
+        ("mtp.2.norm.weight", "model.norm.weight"),  # head weights stay
+        ("mtp.2.markov_head.weight", "model.markov_head.weight"),
+        ("mtp.0.main_proj.weight", "model.main_proj.weight"),
+        ("layers.0.attn.wkv.weight", None),  # not a draft weight
+        ("mtp.1.confidence_head.weight", None),
+        ("context_wkv_proj.weight", "model.context_wkv_proj.weight"),
+        ("mtp.1.ffn.gate.weight", "model.layers.2.ffn.gate.weight"),  # in range: not ours to judge
+        ("mtp.1.attn.wkv.weight", "model.layers.44.attn.other.weight"),  # rest differs
+    ],
+)
+def test_every_other_answer_is_returned_untouched(name, mapped):
+    assert remap_dspark_name(name, mapped, K) is mapped
+
+
+def test_never_maps_onto_a_layer_the_draft_does_not_have():
+    # mtp.3 with a 3-layer draft: layer 3 does not exist, so keep vLLM's answer.
+    assert remap_dspark_name("mtp.3.attn.wkv.weight", "model.layers.46.attn.wkv.weight", K) == (
+        "model.layers.46.attn.wkv.weight"
+    )
+
+
+def test_unknown_draft_size_changes_nothing():
+    assert remap_dspark_name("mtp.0.x.weight", "model.layers.43.x.weight", None) == "model.layers.43.x.weight"
+
+
+def test_the_replacement_calls_vllm_first_and_corrects_its_answer():
+    from types import SimpleNamespace
+
+    from dspark_hotfix.patches.remap_dspark_name import _remap_dspark_name
+
+    draft = SimpleNamespace(model=SimpleNamespace(layers=[None] * K))
+    calls = []
+
+    def vllm(self, name):
+        calls.append((self, name))
+        return f"model.layers.{N + 1}.attn.wkv.weight"
+
+    assert _remap_dspark_name(vllm, draft, "mtp.1.attn.wkv.weight") == "model.layers.1.attn.wkv.weight"
+    assert calls == [(draft, "mtp.1.attn.wkv.weight")]
+
 
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
 PROPERTY = settings(database=None, derandomize=True, deadline=None, max_examples=200)
@@ -178,112 +230,3 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
     assert {REMAP.replacement(remap, draft, name) for name in checkpoint} == layer_params
-
-
-# Spec correction. A generated stand-in spec, and the layer cache dtype vLLM's
-# method saw; consistent the way vLLM builds them (the spec's cache_dtype_str
-# comes from the layer, or is unset).
-CACHE_DTYPES = ("fp8_ds_mla", "auto", "bfloat16", "fp8", "fp8_e4m3", "nvfp4_ds_mla")
-
-
-OTHER_DTYPES = tuple(d for d in CACHE_DTYPES if d != CACHE_DTYPE)
-
-
-def draw_spec(data, kvi, inside: bool | None = None):
-    """``inside``: True, an fp8_ds_mla case; False, any other layout; None, either."""
-    if inside is None:
-        inside = data.draw(st.booleans(), label="fp8_ds_mla case")
-    if inside:  # the layer says fp8_ds_mla (the spec's string may have degraded), or only the spec does
-        layer_dtype = data.draw(st.sampled_from([CACHE_DTYPE, None]), label="layer cache dtype")
-        spec_dtype = data.draw(st.sampled_from([CACHE_DTYPE, None, "auto"] if layer_dtype else [CACHE_DTYPE]))
-    else:
-        layer_dtype = data.draw(st.sampled_from([*OTHER_DTYPES, None]), label="layer cache dtype")
-        spec_dtype = data.draw(st.sampled_from([layer_dtype, None] if layer_dtype else OTHER_DTYPES))
-    cls = data.draw(st.sampled_from([kvi.MLAAttentionSpec, kvi.SlidingWindowMLASpec]), label="class")
-    fields = dict(
-        block_size=64 * data.draw(st.integers(1, 16), label="block / 64"),
-        num_kv_heads=1,
-        head_size=512,
-        dtype=kvi.uint8,
-        compress_ratio=data.draw(st.sampled_from([1, 4]), label="compress ratio"),
-        alignment=data.draw(st.sampled_from([None, 512, 576]), label="alignment"),
-        kv_quant_mode=data.draw(st.sampled_from(list(kvi.KVQuantMode)), label="kv_quant_mode"),
-        cache_dtype_str=spec_dtype,
-        model_version="deepseek_v4",
-    )
-    if cls is kvi.SlidingWindowMLASpec:
-        fields["sliding_window"] = data.draw(st.sampled_from([128, 4096]), label="window")
-    return cls(**fields), layer_dtype
-
-
-def v2_view(spec, backend):
-    """Shape and strides of the KV view the stand-in's V2 runner builds from ``spec``."""
-    from vllm.v1.worker.gpu import attn_utils
-
-    reshape = vars(attn_utils)["_reshape_kv_cache"]
-    reshape = getattr(reshape, "__wrapped__", reshape)  # vLLM's own rule, not a guard around it
-    group = SimpleNamespace(kv_cache_spec=spec, layer_names=["layer"], backend=backend)
-    view = reshape([group], {"layer": 4 * spec.page_size_bytes}, CACHE_DTYPE, None, None)["layer"]
-    return view.shape, view.stride
-
-
-def in_fp8_ds_mla_case(spec, layer_dtype) -> bool:
-    return CACHE_DTYPE in (layer_dtype, spec.cache_dtype_str)
-
-
-@WITH_STANDIN
-@given(st.data())
-def test_spec_correction_returns_every_other_spec_as_the_same_object(standin_modules, data):
-    from vllm.v1 import kv_cache_interface as kvi
-
-    spec, layer_dtype = draw_spec(data, kvi, inside=False)
-    mode = kvi.get_kv_quant_mode(CACHE_DTYPE)
-    assert not in_fp8_ds_mla_case(spec, layer_dtype)
-    assert fp8_ds_mla_spec(spec, layer_dtype, mode) is spec
-    assert fp8_ds_mla_spec(None, layer_dtype, mode) is None
-
-
-@WITH_STANDIN
-@given(st.data())
-def test_spec_correction_gives_584_bytes_per_token_and_keeps_the_geometry(standin_modules, data):
-    from vllm.models.deepseek_v4.attention import DeepseekV4FlashMLABackend
-    from vllm.v1 import kv_cache_interface as kvi
-
-    spec, layer_dtype = draw_spec(data, kvi, inside=True)
-    assert in_fp8_ds_mla_case(spec, layer_dtype)
-    fixed = fp8_ds_mla_spec(spec, layer_dtype, kvi.get_kv_quant_mode(CACHE_DTYPE))
-    assert runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
-    shape, stride = v2_view(fixed, DeepseekV4FlashMLABackend)
-    assert shape[2] == BYTES_PER_TOKEN and stride[0] * fixed.dtype.itemsize >= shape[1] * BYTES_PER_TOKEN
-    kept = ("block_size", "num_kv_heads", "head_size", "dtype", "compress_ratio", "sliding_window")
-    assert all(getattr(fixed, f, None) == getattr(spec, f, None) for f in kept)
-
-
-@WITH_STANDIN
-@given(st.data())
-def test_spec_correction_is_idempotent(standin_modules, data):
-    from vllm.v1 import kv_cache_interface as kvi
-
-    spec, layer_dtype = draw_spec(data, kvi)
-    mode = kvi.get_kv_quant_mode(CACHE_DTYPE)
-    once = fp8_ds_mla_spec(spec, layer_dtype, mode)
-    assert fp8_ds_mla_spec(once, layer_dtype, mode) is once
-
-
-@WITH_STANDIN
-@given(st.integers(1, 16), st.sampled_from(CACHE_DTYPES), st.sampled_from([128, 4096]))
-def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modules, blocks, dtype, window):
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-
-    from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
-
-    layer = DeepseekV4SWACache(window_size=window, cache_dtype=dtype)
-    layer.block_size = 64 * blocks
-    method = DeepseekV4SWACache.__dict__["get_kv_cache_spec"]
-    method = getattr(method, "__wrapped__", method)
-    spec = method(layer, SimpleNamespace())
-    fixed = SWA.replacement(method, layer, SimpleNamespace())
-    if dtype == CACHE_DTYPE:
-        assert runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
-    else:
-        assert fixed == spec

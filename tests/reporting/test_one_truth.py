@@ -4,13 +4,13 @@ Each situation is run in real subprocesses three ways: ``doctor --json``,
 ``status --json`` and ``dspark_hotfix.status()`` in a process whose
 sitecustomize activated the shim and that imported vLLM's targets. They must
 name the same state for every patch, and status and doctor must exit alike.
+(The launcher's refusals are in tests/launcher/test_launcher.py; the wrapper's own
+words in tests/patches/test_wrappers.py.)
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +21,9 @@ from tests.conftest import (
     REPO,
     STANDIN,
     STATUS,
-    clean_env,
+    TARGETS,
     edited_standin,
     last_json,
-    run_in_env,
     run_python,
     summary_lines,
 )
@@ -147,127 +146,6 @@ def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
         assert f" {count} {word}" in summary if count else word not in summary, (state, summary)
 
 
-RETRY = """
-import json
-errors = []
-for attempt in range(2):
-    try:
-        import vllm.v1.attention.backends.mla.sparse_swa
-    except Exception as exc:
-        errors.append(f"{type(exc).__name__}: {exc}")
-    else:
-        errors.append(None)
-print(json.dumps(errors))
-"""
-
-
-def test_strict_mode_refuses_every_retried_import_of_a_broken_target(standins):
-    proc = run_python(RETRY, path=(REPO, standins["changed signature"]), env={"DSPARK_HOTFIX_STRICT": "1"})
-    first, retry = last_json(proc.stdout)
-    assert first is not None and first.startswith(f"HotfixError: {SWA}: "), first
-    assert retry == first
-
-
-def launch(tmp_path: Path, *command: str):
-    """``python -m dspark_hotfix run -- command...``, from a directory holding nothing."""
-    return run_in_env([sys.executable, "-m", "dspark_hotfix", "run", "--", *command],
-                      clean_env(PYTHONPATH=str(REPO)), cwd=tmp_path)
-
-
-def test_run_refuses_an_interpreter_whose_flags_keep_the_shim_out(tmp_path):
-    said = "import sys; print('RAN', 'dspark_hotfix' in sys.modules)"
-    plain = launch(tmp_path, sys.executable, "-c", said)
-    assert plain.returncode == 0 and plain.stdout == "RAN True\n", plain.stderr  # the check itself lets it through
-    isolated = launch(tmp_path, sys.executable, "-I", "-c", said)
-    assert isolated.returncode == 1 and "RAN" not in isolated.stdout
-    assert "would not be active" in isolated.stderr and "-I" in isolated.stderr, isolated.stderr
-
-
-def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
-    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", "print('ran')"]
-    for switch, said in ((None, ""), ("0", "; DSPARK_HOTFIX='0' turns the hotfix off in it")):
-        env = clean_env(PYTHONPATH=str(REPO), **({"DSPARK_HOTFIX": switch} if switch else {}))
-        proc = run_in_env(command, env, cwd=tmp_path)
-        assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
-        (line,) = [line for line in proc.stderr.splitlines() if ": running " in line]
-        assert line.endswith(f"starts it{said})"), line
-
-
-def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):
-    proc = launch(tmp_path, "dspark-hotfix-no-such-command-4711")
-    assert proc.returncode == 127
-    assert "dspark-hotfix-no-such-command-4711: command not found" in proc.stderr
-    assert "not a Python program" not in proc.stderr
-
-
-@pytest.fixture
-def shim_log(monkeypatch):
-    """The registry's log records in this process, whatever handlers an earlier activation left."""
-    monkeypatch.delenv("DSPARK_HOTFIX_STRICT", raising=False)
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    log = logging.getLogger("dspark_hotfix")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield records
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-
-
-def wrapped(replacement, name: str = "t", guards: tuple[str, ...] = (), stops: bool = False):
-    """vLLM's function ``f(x) -> ("vllm", x)`` with ``replacement`` wrapped in front, as the registry wraps it."""
-    from dspark_hotfix import registry
-    from dspark_hotfix.patches import Patch
-
-    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), replacement=replacement, summary=name,
-                  guards=guards, stops=stops)
-    return registry._wrap(registry.Activation("t"), registry.Record(patch), lambda x: ("vllm", x))
-
-
-def test_a_replacement_that_never_calls_vllm_returns_its_answer(shim_log):
-    assert wrapped(lambda vllm, x: ("shim", x))(1) == ("shim", 1)
-
-
-def test_a_replacement_that_raises_before_calling_vllm_gives_vllms_answer(shim_log):
-    def broken(vllm, x):
-        raise ValueError("no layout")
-
-    assert wrapped(broken)(1) == ("vllm", 1)
-    (warning,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert warning.startswith("t: correction raised ValueError: no layout"), warning
-
-
-@pytest.mark.parametrize("when", ["before vLLM answers", "after vLLM answers"], ids=["before", "after"])
-def test_a_guards_finding_is_logged_as_the_finding(shim_log, when):
-    from dspark_hotfix.patches import Finding
-
-    def check(vllm, x):
-        if when == "after vLLM answers":
-            vllm(x)
-        raise Finding("views too narrow")
-
-    assert wrapped(check, guards=(SWA,))(1) == ("vllm", 1)
-    (error,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert error.startswith("t: views too narrow; swa_kv_cache_spec ") and " raised " not in error, error
-
-
-def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
-    from dspark_hotfix.patches import Finding
-    from dspark_hotfix.registry import HotfixError
-
-    def check(vllm, x):
-        vllm(x)
-        raise Finding("views too narrow")
-
-    with pytest.raises(HotfixError, match=r"^kv_view_guard: views too narrow; ") as stopped:
-        wrapped(check, name="kv_view_guard", guards=(SWA,), stops=True)(1)
-    assert " raised " not in str(stopped.value)
-
-
 # The matrix: every situation, three readers, one state per patch.
 
 SWITCHES = {"unset": {}, "off": {"DSPARK_HOTFIX": "0"}, "bogus": {"DSPARK_HOTFIX": "bogus"}}
@@ -295,3 +173,18 @@ def test_doctor_status_and_the_hooks_name_the_same_state_and_exit_alike(standins
     assert states(report_of(status)) == in_process
     assert doctor.returncode == flagged.returncode == status.returncode == expected_exit(switch, build, excluded), (
         report_of(doctor)["problems"], report_of(status)["problems"])
+
+
+def test_doctor_judges_guards_as_the_hooks_do():
+    env = {"DSPARK_HOTFIX_PATCHES": "-attention_kv_cache_spec,-swa_kv_cache_spec"}
+    proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
+                      env=env, check=False)
+    report = __import__("json").loads(proc.stdout)
+    rows = {p["name"]: p for p in report["patches"]}
+    assert proc.returncode == 1
+    # The patches it guards are excluded but needed here: the guard is on, in doctor and in the hooks.
+    assert (rows["kv_view_guard"]["needed"], rows["draft_load_coverage"]["needed"]) == (True, True)
+    assert "swa_kv_cache_spec is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
+    hooks = last_json(run_python(TARGETS + STATUS, env=env).stdout)
+    assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
+    assert hooks["kv_view_guard"]["state"] == "patched"

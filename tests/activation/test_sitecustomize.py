@@ -1,0 +1,167 @@
+"""The sitecustomize path in real subprocesses: PYTHONPATH activation, chaining the image's own
+sitecustomize (shadowed, raising, adding to sys.path, importing vLLM), two copies of the shim, the start-up
+directory through a link or beside the checkout root, and an interpreter that cannot import the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from dspark_hotfix import __version__
+from tests.conftest import (
+    ALL_PATCHED,
+    IMPORT_ALL,
+    PATCHES,
+    REPO,
+    STANDIN,
+    STATUS,
+    TARGETS,
+    WRAP_DEPTH,
+    child,
+    copy_of_shim,
+    json_lines,
+    last_json,
+    patch_names,
+    run_python,
+    summary_lines,
+    warning_lines,
+)
+
+
+def test_pythonpath_activation_patches_every_target_on_import():
+    proc = run_python(TARGETS + STATUS)
+    rows = last_json(proc.stdout)
+    assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "patched")
+    assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
+    # One line for the process, in vLLM's format, and nothing else at the default level.
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("INFO ")
+    (summary,) = summary_lines(proc.stderr)
+    pid = rows["kv_view_guard"]["pid"]
+    assert summary == f"dspark_hotfix {__version__} (pid {pid}) via sitecustomize: {ALL_PATCHED}"
+
+
+def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
+    )
+    proc = run_python(TARGETS + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
+                      path=(REPO, STANDIN, other))
+    assert proc.stderr.count("shadowed sitecustomize ran") == 1
+    assert proc.stdout.strip().splitlines()[-1] == "1"
+    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))["swa_kv_cache_spec"]["state"] == "patched"
+
+
+def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
+    proc = run_python(TARGETS + STATUS, path=(REPO, STANDIN, other))
+    assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
+    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
+
+
+STARTUP = REPO / "dspark_hotfix" / "startup"
+
+
+ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+
+
+# Ours boots once, whatever alias of its start-up directory is on the path.
+
+DOCTOR = "from dspark_hotfix import cli; raise SystemExit(cli.main(['doctor', '--json']))"
+
+
+def ours(file: str | None) -> bool:
+    return file is not None and os.path.realpath(file) == os.path.realpath(STARTUP / "sitecustomize.py")
+
+
+def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(STARTUP, target_is_directory=True)
+    code = (IMPORT_ALL + STATUS + "import os, sys; print(json.dumps([os.environ['PYTHONPATH'], "
+            "sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)]))")
+    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code), path=(link, STANDIN),
+                 cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    launched_path, watchers = last_json(proc.stdout)
+    entries = launched_path.split(os.pathsep)
+    assert [e for e in entries if os.path.realpath(e) == os.path.realpath(STARTUP)] == [str(STARTUP)], entries
+    # `python -v` says each module it executes: our sitecustomize once, no second copy chained through the link.
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
+    assert watchers == 1
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {name: row["state"] for name, row in rows.items()} == ALL_INSTALLED
+    assert len(summary_lines(proc.stderr)) == 1
+
+
+def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ours_once():
+    # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented way to
+    # deploy it): the launcher puts the start-up directory first and keeps the root.
+    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", DOCTOR), path=(REPO, STANDIN),
+                 cwd=STANDIN)
+    report = json.loads(proc.stdout)
+    assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
+
+
+@pytest.fixture
+def shadowed(tmp_path):
+    def make(body: str):
+        other = tmp_path / "image"
+        other.mkdir()
+        (other / "sitecustomize.py").write_text(body)
+        return other
+
+    return make
+
+
+def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
+    other = shadowed("import vllm.models.deepseek_v4, sys\nsys.stderr.write('image customisation imported vllm\\n')\n")
+    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
+    depth, rows = json_lines(proc.stdout)
+    assert "image customisation imported vllm" in proc.stderr
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
+
+
+def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
+    other = shadowed("import sys\nsys.path.append('/opt/image/extra')\nsys.path.insert(0, '/opt/image/first')\n")
+    code = "import sys, json; print(json.dumps(sys.path))"
+    with_shim = json.loads(run_python(code, path=(REPO, STANDIN, other), cwd=tmp_path).stdout)
+    without = json.loads(run_python(code, path=(STANDIN, other), cwd=tmp_path).stdout)
+    assert "/opt/image/extra" in with_shim and "/opt/image/first" in with_shim
+    assert [p for p in with_shim if p != str(REPO)] == without
+
+
+@pytest.mark.parametrize("order", ["repo-first", "copy-first"])
+def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
+    copy = copy_of_shim(tmp_path / "copy")
+    shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
+    code = IMPORT_ALL + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
+    proc = run_python(code, path=(*shims, STANDIN))
+    depth, rows = json_lines(proc.stdout)
+    package = json.loads(proc.stdout.splitlines()[-1])
+    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert len(summary_lines(proc.stderr)) == 1
+    assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
+    assert warning_lines(proc.stderr) == [] and "Error in sitecustomize" not in proc.stderr
+
+
+def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install_command(tmp_path):
+    # The start-up directory on PYTHONPATH, but no package beside it or installed: a
+    # wrong interpreter, say. Start-up goes on; the line names the interpreter and the fix.
+    lonely = tmp_path / "a" / "b" / "c"
+    lonely.mkdir(parents=True)
+    shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", lonely / "sitecustomize.py")
+    proc = run_python("print('started')", path=(lonely,))
+    assert proc.stdout.strip() == "started"
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
+    assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
+                         f"{sys.executable} -m pip install PATH")

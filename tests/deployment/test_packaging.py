@@ -1,0 +1,99 @@
+"""The wheel, installed into a fresh venv: what it installs, the wrapt it gets, and ``make dist``.
+
+The way autowrapt tests itself: build the wheel, install it where nothing else
+of ours is, and run real subprocesses from there. The venv is the root conftest's
+``venv`` fixture; the plugin path, doctor and the launcher from it are tested in
+their own folders (activation, reporting, launcher).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dspark_hotfix import __version__
+from tests.conftest import (
+    IMAGE_CUSTOMISATION,
+    STANDIN,
+    STATUS,
+    run_in_venv,
+    startup_dir,
+)
+
+TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
+
+
+def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_dockerfiles(venv):
+    # Both ends of the supported range are exercised: this venv (every test in this
+    # file) gets pip's choice, the newest 2.x; the rest of the suite runs on the wrapt
+    # the Dockerfile installs where an image has none.
+    import re
+
+    from tests.conftest import REPO
+
+    fresh = run_in_venv(venv, "import wrapt; print(wrapt.__version__)").stdout.strip()
+    assert fresh.startswith("2."), fresh
+    pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    assert pinned and f"wrapt=={pinned[1]}" in (REPO / "requirements-dev.txt").read_text().split()
+    import wrapt
+
+    assert wrapt.__version__ == pinned[1]
+
+
+def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
+    assert (venv["purelib"] / "sitecustomize.py").read_text() == IMAGE_CUSTOMISATION
+
+
+def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
+    proc = run_in_venv(venv, TARGETS + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
+               path=(startup_dir(venv), STANDIN))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {r["state"] for r in rows.values()} == {"patched"}
+    assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+    assert proc.stdout.splitlines()[-1] == "ran"
+
+
+def checkout_copy(root: Path, umask: int, mtime: int) -> Path:
+    """The tracked files of this working tree, as another clone would have them: its umask, its file times."""
+    from tests.conftest import REPO
+
+    tracked = ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    files = subprocess.run(tracked, check=True, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source, copy = REPO / name, root / name
+        if source.is_symlink() or not source.is_file():
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+        copy.chmod((0o777 if os.access(source, os.X_OK) else 0o666) & ~umask)
+        os.utime(copy, (mtime, mtime))
+    return root
+
+
+def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
+    import hashlib
+    import time
+
+    from tests.conftest import REPO
+
+    epoch = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    built = []
+    for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000))):
+        tree = checkout_copy(tmp_path / f"clone{n}", umask, mtime)
+        out = tmp_path / f"dist{n}"
+        proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": epoch}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        built.append({p.name: p.read_bytes() for p in out.iterdir()})
+    first, second = built
+    assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
+                             f"dspark_hotfix-{__version__}.tar.gz"]
+    assert first == second  # byte for byte, the sums included
+    sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
+    assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
