@@ -32,13 +32,16 @@ def tools() -> Path:
     """The tools installed once into a cached directory (``pip install --target``), for this interpreter."""
     target = cache_dir() / f"tracing-tools-py{sys.version_info.major}{sys.version_info.minor}"
     stamp = target / ".dspark-hotfix-ready"
-    if not (stamp.exists() and stamp.read_text() == " ".join(TOOLS)):
+    # pip writes the tools' scripts (ddtrace-run, opentelemetry-instrument) for the interpreter that installs them:
+    # another one (a venv since removed) reinstalls them
+    wanted = f"{' '.join(TOOLS)} for {sys.executable}"
+    if not (stamp.exists() and stamp.read_text() == wanted):
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade",
                                "--target", str(target), *TOOLS], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 and any(word in proc.stdout + proc.stderr for word in OFFLINE):
             pytest.skip(f"the package registry is unreachable: {proc.stderr.strip().splitlines()[-1]}")
         assert proc.returncode == 0, proc.stderr[-3000:]
-        stamp.write_text(" ".join(TOOLS))
+        stamp.write_text(wanted)
     return target
 
 

@@ -77,8 +77,9 @@ WITH_STANDIN = settings(
     PROPERTY, max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )  # the stand-in is imported once per test; examples never modify it
 
-# A checkpoint's draft names are f"mtp.{i}.{rest}" with an int i: ASCII digits only.
-MTP = re.compile(r"mtp\.([0-9]+)\.(.*)", re.DOTALL)
+# A checkpoint's draft names are f"mtp.{i}.{rest}" with an int i: ASCII digits only, and a rest: "mtp.0."
+# names no weight, and whatever vLLM answers for it stands.
+MTP = re.compile(r"mtp\.([0-9]+)\.(.+)", re.DOTALL)
 LAYER = re.compile(r"model\.layers\.([0-9]+)\.(.*)", re.DOTALL)
 HEAD = ("norm.weight", "markov_head.weight", "main_proj.weight", "main_norm.weight", "hc_head_fn")
 LAYER_WEIGHTS = ("attn.wkv.weight", "ffn.gate.weight")
@@ -151,6 +152,7 @@ def remap_cases(draw):
 @example(("mtp.3.attn.wkv.weight", "model.layers.46.attn.wkv.weight", 3))  # no layer 3 to land on
 @example(("mtp.\u00b2.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3))  # isdigit() but not int()
 @example(("mtp.1.attn.wkv.weight", "model.layers.\u2074\u2074.attn.wkv.weight", 3))
+@example(("mtp.0.", "model.layers.1.", 1))  # no rest: not a weight
 def test_remap_changes_only_a_shifted_draft_layer_and_keeps_every_other_answer(case):
     name, mapped, draft_layers = case
     answer = remap_dspark_name(name, mapped, draft_layers)
