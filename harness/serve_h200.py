@@ -1,18 +1,20 @@
-#!/usr/bin/env python3
 """vLLM's OpenAI server with a DeepSeek-V4 DSpark draft on the H200: the report's own acceptance.
 
 `vllm serve` with the reported flags, a real client on /v1/completions, vLLM's own benchmark
 client, and the throughput ratio of the shim against upstream's fix. It rides on the pack of
-scripts/e2e-h200 (vLLM 0.25.0, its reverted copy, the wheels) and adds what a server needs:
+harness.e2e_h200 (vLLM 0.25.0, its reverted copy, the wheels) and adds what a server needs:
 
-  scripts/serve-h200 prepare        here: .e2e/serve/ (uvicorn and the other wheels the H200 lacks
-                                    for the API server, and this project's wheel)
-  scripts/serve-h200 run [...]      on the GPU machine, after e2e-h200's parts and .e2e/serve were
-                                    carried: unpack, install, write the tokenizer, then the servers
-  scripts/serve-h200 collect A [B]  here: results.tgz files (in the order they ran)
-                                    -> docs/evidence/serve-h200.json
-  scripts/serve-h200 cpu-drift      on the GPU machine, no pack: how the speed of two cores drifts,
-                                    window by window (what moves a CPU-bound server's throughput)
+  python3 -m harness.serve_h200 prepare
+      here: .e2e/serve/ (uvicorn and the other wheels the H200 lacks for the API server, and
+      this project's wheel)
+  python3 -m harness.serve_h200 run [...]
+      on the GPU machine, after e2e_h200's parts and .e2e/serve were carried: unpack, install,
+      write the tokenizer, then the servers
+  python3 -m harness.serve_h200 collect A [B]
+      here: results.tgz files (in the order they ran) -> docs/evidence/serve-h200.json
+  python3 -m harness.serve_h200 cpu-drift
+      on the GPU machine, no pack: how the speed of two cores drifts, window by window (what
+      moves a CPU-bound server's throughput)
 
 Servers (every one `vllm serve MODEL --load-format dummy --kv-cache-dtype fp8 --block-size 256
 --spec-method dspark --spec-tokens 5 --tensor-parallel-size N` and a port, plus --enforce-eager
@@ -48,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.machinery
-import importlib.util
 import json
 import math
 import os
@@ -64,12 +64,15 @@ import tarfile
 import time
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from harness import e2e_h200
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / ".e2e" / "serve"
 EVIDENCE = REPO / "docs" / "evidence"
-# What the API server imports that neither the H200 image nor e2e-h200's pack has (found by
+# What the API server imports that neither the H200 image nor e2e_h200's pack has (found by
 # importing vllm.entrypoints.openai.api_server and vllm.benchmarks.serve in vLLM 0.25.0's venv).
 SERVE_WHEELS = (
     "uvicorn==0.54.0", "jmespath==1.1.0", "model-hosting-container-standards==0.1.16",
@@ -89,12 +92,9 @@ PROBE_TOKENS = 32
 BENCH = {"input": 128, "output": 256, "prompts": 128, "concurrency": 128}
 
 
-def _e2e():
-    """scripts/e2e-h200 as a module: the pack, its unpacking, the variants' environment."""
-    loader = importlib.machinery.SourceFileLoader("e2e_h200", str(REPO / "scripts" / "e2e-h200"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+def _e2e() -> ModuleType:
+    """harness.e2e_h200: the pack, its unpacking, the variants' environment."""
+    return e2e_h200
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -110,7 +110,7 @@ def prepare(_: argparse.Namespace) -> int:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(REPO)],
                    check=True)  # fmt: skip
     size = sum(p.stat().st_size for p in STAGE.rglob("*") if p.is_file())
-    print(f"{STAGE}: {size / 2**20:.1f} MiB; carry it with the last part of scripts/e2e-h200 prepare")
+    print(f"{STAGE}: {size / 2**20:.1f} MiB; carry it with the last part of harness.e2e_h200 prepare")
     return 0
 
 
@@ -1005,7 +1005,9 @@ def figures(sessions: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python3 -m harness.serve_h200", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     steps = parser.add_subparsers(dest="step", required=True)
     steps.add_parser("prepare", help="the serve wheels and this project's wheel -> .e2e/serve/").set_defaults(
         func=prepare)
@@ -1034,7 +1036,7 @@ def main() -> int:
     on_gpu.add_argument("--ready-timeout", type=float, default=360.0)
     on_gpu.add_argument("--min-phase", type=float, default=200.0,
                         help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)")
-    on_gpu.add_argument("--config", default=str(REPO / "scripts" / "e2e" / "config.json"))
+    on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
     on_gpu.set_defaults(func=run)
     drift = steps.add_parser("cpu-drift", help="the speed of two cores, window by window, side by side")
     drift.add_argument("--seconds", type=float, default=90.0)

@@ -1,20 +1,20 @@
-#!/usr/bin/env python3
 """Real vLLM engine with a DeepSeek-V4 DSpark draft on one H200: the bug, the fix, the cost.
 
 Three steps, because the GPU machine has torch but no network and no vLLM:
 
-  scripts/e2e-h200 prepare          here: wheels -> one packed tar in .e2e/, split into parts
-                                    .e2e/p0/, .e2e/p1/, ... (one part per device call)
-  scripts/e2e-h200 run [--out D]    on the GPU machine, from the repository root, after the parts
-                                    were copied to /tmp/dspark-e2e/parts/: unpack, an import
-                                    preflight, then the engines of --phases; D (default $OUT)
-                                    gets summary.json and results.tgz (every log)
-  scripts/e2e-h200 collect A [B..]  here: results.tgz files (or folders), in the order they ran
-                                    -> docs/evidence/e2e-h200.json
+  python3 -m harness.e2e_h200 prepare
+      here: wheels -> one packed tar in .e2e/, split into parts .e2e/p0/, .e2e/p1/, ...
+      (one part per device call)
+  python3 -m harness.e2e_h200 run [--out D]
+      on the GPU machine, from the repository root, after the parts were copied to
+      /tmp/dspark-e2e/parts/: unpack, an import preflight, then the engines of --phases;
+      D (default $OUT) gets summary.json and results.tgz (every log)
+  python3 -m harness.e2e_h200 collect A [B..]
+      here: results.tgz files (or folders), in the order they ran -> docs/evidence/e2e-h200.json
 
 What it runs (all with vllm.LLM, load_format="dummy", kv_cache_dtype="fp8", block size 256,
-enforce_eager, speculative_config={"method": "dspark", ...}, the model of scripts/e2e/config.json
-or of --config, e.g. scripts/e2e/config-swa-only.json):
+enforce_eager, speculative_config={"method": "dspark", ...}, the model of harness/e2e/config.json
+or of --config, e.g. harness/e2e/config-swa-only.json):
 
   bug       the reverted copy of vLLM 0.25.0 (PR #47716 undone, the shifted remap re-created)
             with DSPARK_HOTFIX=0: the engine must die with FlashMLA's RuntimeError
@@ -25,8 +25,8 @@ or of --config, e.g. scripts/e2e/config-swa-only.json):
             baseline-hma-off dies with the reported RuntimeError; shim-hma-off stops at KV-cache
             grouping with the shim's kv_cache_groups error
 
-The engine itself runs in a child process of this script (subcommand ``engine``), one per run,
-with the PYTHONPATH of its variant. Standard library only, except inside ``engine``.
+The engine itself runs in a child process, harness/e2e_engine.py started by its path, one per run,
+with the PYTHONPATH of its variant. Standard library only.
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ REPO = Path(__file__).resolve().parent.parent
 VLLM_VERSION = "0.25.0"
 STAGE = REPO / ".e2e"
 WHEELS = Path(os.environ.get("DSPARK_E2E_WHEELS", REPO / ".e2e" / "wheels"))
-DEPS_LIST = REPO / "scripts" / "e2e" / "h200-deps.txt"
-MODEL_CONFIG = REPO / "scripts" / "e2e" / "config.json"
+DEPS_LIST = REPO / "harness" / "e2e" / "h200-deps.txt"
+MODEL_CONFIG = REPO / "harness" / "e2e" / "config.json"
+# The engine child, started by its path (see its docstring).
+ENGINE = Path(__file__).resolve().parent / "e2e_engine.py"
 EVIDENCE = REPO / "docs" / "evidence"
 PART_BYTES = 60 * 1024 * 1024
 DEVICE_ROOT = Path("/tmp/dspark-e2e")
@@ -159,7 +161,7 @@ def prepare(_: argparse.Namespace) -> int:
     print(f"{size / 2**20:.1f} MiB in {count} parts, sha256 {digest}")
     copy = "mkdir -p /tmp/dspark-e2e/parts && cp .e2e/p*/* /tmp/dspark-e2e/parts/"
     for index in range(count):
-        then = "python3 scripts/e2e-h200 run" if index == count - 1 else "ls -l /tmp/dspark-e2e/parts"
+        then = "python3 -m harness.e2e_h200 run" if index == count - 1 else "ls -l /tmp/dspark-e2e/parts"
         print(f"call {index}: carry ['.e2e/p{index}'], command: {copy} && {then}")
     return 0
 
@@ -282,7 +284,7 @@ def variant_env(variant: str) -> dict[str, str]:
 def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "engine", "--result", str(result_file),
+    command = [sys.executable, str(ENGINE), "--result", str(result_file),
                "--model-dir", str(args.model_dir), "--spec-tokens", str(args.spec_tokens),
                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
                "--max-tokens", str(args.max_tokens), "--reps", str(args.reps)]  # fmt: skip
@@ -477,106 +479,6 @@ def _query(*command: str) -> str | None:
     return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
 
 
-# ----------------------------------------------------------------------------- engine (child)
-
-
-def engine(args: argparse.Namespace) -> int:
-    """One engine: start it, warm it up, time prefill-only and full generations, read metrics."""
-    result: dict = {"python_path": os.environ.get("PYTHONPATH"), "dspark_hotfix": os.environ.get("DSPARK_HOTFIX"),
-                    "hybrid_off": os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1"}
-    result_path = Path(args.result)
-
-    def save() -> None:
-        result_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-
-    import random
-
-    import vllm
-    from vllm import LLM, SamplingParams
-
-    result["vllm_file"] = vllm.__file__
-    result["vllm_version"] = getattr(vllm, "__version__", None)
-    result["shim_loaded"] = "dspark_hotfix" in sys.modules
-    save()
-    started = time.monotonic()
-    llm = LLM(
-        model=str(args.model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        kv_cache_dtype="fp8",
-        block_size=256,
-        enforce_eager=True,
-        max_model_len=2048,
-        max_num_seqs=max(args.batch, 8),
-        gpu_memory_utilization=0.5,
-        seed=0,
-        disable_log_stats=False,
-        speculative_config={"method": "dspark", "num_speculative_tokens": args.spec_tokens},
-        disable_hybrid_kv_cache_manager=os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1",
-    )
-    result["engine_start_s"] = round(time.monotonic() - started, 1)
-    save()
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]}
-               for _ in range(args.batch)]  # fmt: skip
-
-    def params(max_tokens: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-
-    def generate(max_tokens: int) -> tuple[float, int, list[list[int]]]:
-        t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params(max_tokens), use_tqdm=False)
-        elapsed = time.perf_counter() - t0
-        ids = [list(o.outputs[0].token_ids) for o in outputs]
-        return elapsed, sum(len(i) for i in ids), ids
-
-    generate(8)  # warm-up
-    before = _spec_metrics(llm)
-    timed = []
-    sample: list[list[int]] = []
-    for _ in range(args.reps):
-        started_at = time.strftime("%H:%M:%S")
-        t_prefill, _, _ = generate(1)
-        t_full, n_tokens, sample = generate(args.max_tokens)
-        decode_tokens = n_tokens - len(prompts)
-        # A kernel compiled during one of the two calls (vLLM logs "JIT compilation during
-        # inference") makes the difference meaningless: then there is no decode rate.
-        decode_s = t_full - t_prefill
-        timed.append({
-            "started": started_at,
-            "prefill_only_s": round(t_prefill, 4),
-            "full_s": round(t_full, 4),
-            "output_tokens": n_tokens,
-            "output_tok_per_s": round(n_tokens / t_full, 1),
-            "decode_tok_per_s": round(decode_tokens / decode_s, 1) if decode_s > 0 else None,
-            "output_ids_sha256": hashlib.sha256(json.dumps(sample).encode()).hexdigest(),
-        })  # fmt: skip
-        result["timed"] = timed
-        save()
-    after = _spec_metrics(llm)
-    result["spec_metrics_timed"] = {
-        k: after.get(k, 0) - before.get(k, 0) for k in after if not isinstance(after[k], list)
-    }
-    result["spec_metrics_total"] = after
-    result["sample_output_token_ids"] = [ids[:24] for ids in sample[:2]]
-    result["ok"] = True
-    save()
-    return 0
-
-
-def _spec_metrics(llm) -> dict:
-    values: dict = {}
-    for metric in llm.get_metrics():
-        name = getattr(metric, "name", "")
-        if not name.startswith(("vllm:spec_decode", "vllm:generation_tokens", "vllm:prompt_tokens")):
-            continue
-        if hasattr(metric, "values"):
-            values[name] = list(metric.values)
-        elif hasattr(metric, "value"):
-            values[name] = values.get(name, 0) + metric.value
-    return values
-
-
 # ----------------------------------------------------------------------------- collect (here)
 
 
@@ -651,7 +553,9 @@ def _ratio(runs: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python3 -m harness.e2e_h200", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     steps = parser.add_subparsers(dest="step", required=True)
     steps.add_parser("prepare", help="pack vLLM, the reverted files and the wheels into .e2e/p*/").set_defaults(
         func=prepare
@@ -666,16 +570,13 @@ def main() -> int:
     on_gpu.add_argument("--stop-on-failure", action="store_true")
     on_gpu.add_argument("--skip-preflight", action="store_true", help="the pack is one a preflight passed")
     on_gpu.add_argument("--config", default=str(MODEL_CONFIG), help="the model's config.json")
-    for sub in (on_gpu, child := steps.add_parser("engine", help="(child) one engine run")):
-        sub.add_argument("--spec-tokens", type=int, default=5)
-        sub.add_argument("--batch", type=int, default=32)
-        sub.add_argument("--prompt-len", type=int, default=128)
-        sub.add_argument("--max-tokens", type=int, default=128)
-        sub.add_argument("--reps", type=int, default=3)
+    # passed on to each engine child (harness/e2e_engine.py)
+    on_gpu.add_argument("--spec-tokens", type=int, default=5)
+    on_gpu.add_argument("--batch", type=int, default=32)
+    on_gpu.add_argument("--prompt-len", type=int, default=128)
+    on_gpu.add_argument("--max-tokens", type=int, default=128)
+    on_gpu.add_argument("--reps", type=int, default=3)
     on_gpu.set_defaults(func=run)
-    child.add_argument("--result", required=True)
-    child.add_argument("--model-dir", required=True)
-    child.set_defaults(func=engine)
     back = steps.add_parser("collect", help="turn results (folders or archives) into docs/evidence/e2e-h200.json")
     back.add_argument("results", nargs="+")
     back.set_defaults(func=collect)
