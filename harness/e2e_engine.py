@@ -20,8 +20,11 @@ from pathlib import Path
 
 def engine(args: argparse.Namespace) -> int:
     """One engine: start it, warm it up, time prefill-only and full generations, read metrics."""
-    result: dict = {"python_path": os.environ.get("PYTHONPATH"), "dspark_hotfix": os.environ.get("DSPARK_HOTFIX"),
-                    "hybrid_off": os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1"}
+    result: dict = {
+        "python_path": os.environ.get("PYTHONPATH"),
+        "dspark_hotfix": os.environ.get("DSPARK_HOTFIX"),
+        "hybrid_off": os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1",
+    }
     result_path = Path(args.result)
 
     def save() -> None:
@@ -55,8 +58,9 @@ def engine(args: argparse.Namespace) -> int:
     result["engine_start_s"] = round(time.monotonic() - started, 1)
     save()
     rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]}
-               for _ in range(args.batch)]  # fmt: skip
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]} for _ in range(args.batch)
+    ]
 
     def params(max_tokens: int) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
@@ -80,15 +84,17 @@ def engine(args: argparse.Namespace) -> int:
         # A kernel compiled during one of the two calls (vLLM logs "JIT compilation during
         # inference") makes the difference meaningless: then there is no decode rate.
         decode_s = t_full - t_prefill
-        timed.append({
-            "started": started_at,
-            "prefill_only_s": round(t_prefill, 4),
-            "full_s": round(t_full, 4),
-            "output_tokens": n_tokens,
-            "output_tok_per_s": round(n_tokens / t_full, 1),
-            "decode_tok_per_s": round(decode_tokens / decode_s, 1) if decode_s > 0 else None,
-            "output_ids_sha256": hashlib.sha256(json.dumps(sample).encode()).hexdigest(),
-        })  # fmt: skip
+        timed.append(
+            {
+                "started": started_at,
+                "prefill_only_s": round(t_prefill, 4),
+                "full_s": round(t_full, 4),
+                "output_tokens": n_tokens,
+                "output_tok_per_s": round(n_tokens / t_full, 1),
+                "decode_tok_per_s": round(decode_tokens / decode_s, 1) if decode_s > 0 else None,
+                "output_ids_sha256": hashlib.sha256(json.dumps(sample).encode()).hexdigest(),
+            }
+        )
         result["timed"] = timed
         save()
     after = _spec_metrics(llm)

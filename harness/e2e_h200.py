@@ -73,14 +73,18 @@ WHEEL_SKIP = (
 # PR #47716 undone, and the reported build's shifted remap re-created: (file, old, new), each
 # `old` must occur exactly once in the released file.
 REVERT = (
-    ("vllm/v1/attention/backends/mla/sparse_swa.py",
-     "            kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),\n", ""),
-    ("vllm/models/deepseek_v4/attention.py",
-     "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n", ""),
-    ("vllm/models/deepseek_v4/nvidia/dspark.py",
-     '        return f"model.layers.{stage}.{rest}"\n',
-     '        return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"\n'),
-)  # fmt: skip
+    (
+        "vllm/v1/attention/backends/mla/sparse_swa.py",
+        "            kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),\n",
+        "",
+    ),
+    ("vllm/models/deepseek_v4/attention.py", "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n", ""),
+    (
+        "vllm/models/deepseek_v4/nvidia/dspark.py",
+        '        return f"model.layers.{stage}.{rest}"\n',
+        '        return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"\n',
+    ),
+)
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -90,10 +94,16 @@ def _download(spec: str) -> None:
     WHEELS.mkdir(parents=True, exist_ok=True)
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.12", "--implementation", "cp", *platform_args, "-d", str(WHEELS), spec],
+        [
+            sys.executable,
+            *"-m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp".split(),
+            *platform_args,
+            "-d",
+            str(WHEELS),
+            spec,
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def _wheel_for(spec: str) -> Path:
@@ -219,8 +229,16 @@ def unpack(log) -> dict:
         part.unlink()
     deps = DEVICE_ROOT / "deps"
     wheels = sorted(str(p) for p in (DEVICE_ROOT / "wheels").glob("*.whl"))
-    _log_run(log, [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                   "--no-cache-dir", "--upgrade", "--target", str(deps), *wheels], check=True)  # fmt: skip
+    _log_run(
+        log,
+        [
+            sys.executable,
+            *"-m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target".split(),
+            str(deps),
+            *wheels,
+        ],
+        check=True,
+    )
     # The reverted copy: hard links to the unmodified tree, three files replaced.
     rev = DEVICE_ROOT / "vllm-rev"
     _log_run(log, ["cp", "-al", str(DEVICE_ROOT / "vllm-site"), str(rev)], check=True)
@@ -284,30 +302,38 @@ def variant_env(variant: str) -> dict[str, str]:
 def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
-    command = [sys.executable, str(ENGINE), "--result", str(result_file),
-               "--model-dir", str(args.model_dir), "--spec-tokens", str(args.spec_tokens),
-               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-               "--max-tokens", str(args.max_tokens), "--reps", str(args.reps)]  # fmt: skip
+    command = [sys.executable, str(ENGINE), "--result", str(result_file), "--model-dir", str(args.model_dir)]
+    for option in ("spec_tokens", "batch", "prompt_len", "max_tokens", "reps"):
+        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     cache_files_before = sum(1 for _ in (DEVICE_ROOT / "cache").rglob("*"))
     started = time.monotonic()
     with log_file.open("w") as log:
         try:
-            code = subprocess.run(command, cwd=REPO, env=variant_env(variant), stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout, check=False).returncode  # fmt: skip
+            code = subprocess.run(
+                command,
+                cwd=REPO,
+                env=variant_env(variant),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
     text = log_file.read_text(errors="replace")
     data = json.loads(result_file.read_text()) if result_file.is_file() else {}
-    data.update({
-        "label": label,
-        "variant": variant,
-        "cache_files_before": cache_files_before,
-        "exit_code": code,
-        "wall_s": round(time.monotonic() - started, 1),
-        "runtime_errors": sorted(set(re.findall(r"RuntimeError: [^\n]*", text)))[:10],
-        "last_error": _last_error(text),
-        **_log_facts(text, code),
-    })  # fmt: skip
+    data.update(
+        {
+            "label": label,
+            "variant": variant,
+            "cache_files_before": cache_files_before,
+            "exit_code": code,
+            "wall_s": round(time.monotonic() - started, 1),
+            "runtime_errors": sorted(set(re.findall(r"RuntimeError: [^\n]*", text)))[:10],
+            "last_error": _last_error(text),
+            **_log_facts(text, code),
+        }
+    )
     result_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(f"[{label}] exit {code} in {data['wall_s']} s; errors: {data['runtime_errors'][:2]}", flush=True)
     if code != 0:
@@ -350,8 +376,11 @@ def run(args: argparse.Namespace) -> int:
     out = DEVICE_ROOT / "results" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    summary: dict = {"started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "phases": args.phases, "runs": []}  # fmt: skip
+    summary: dict = {
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "phases": args.phases,
+        "runs": [],
+    }
     with (out / "setup.log").open("a") as log:
         summary["unpack"] = unpack(log)
         model_dir = DEVICE_ROOT / "model"
@@ -387,8 +416,15 @@ def run(args: argparse.Namespace) -> int:
 
 # What summary.json keeps of each engine run (its own JSON has the rest).
 SUMMARY_FIELDS = (
-    "label", "variant", "cache_files_before", "exit_code", "wall_s", "runtime_errors", "last_error", "timed",
-)  # fmt: skip
+    "label",
+    "variant",
+    "cache_files_before",
+    "exit_code",
+    "wall_s",
+    "runtime_errors",
+    "last_error",
+    "timed",
+)
 
 
 def _phases(args: argparse.Namespace, out: Path, summary: dict, save, remaining) -> int:
@@ -542,13 +578,15 @@ def _ratio(runs: list[dict]) -> dict:
     if not rates["fixed"] or not rates["baseline"]:
         return result
     fixed, base = statistics.median(rates["fixed"]), statistics.median(rates["baseline"])
-    result.update({
-        "median_fixed": fixed,
-        "median_baseline": base,
-        "fixed_over_baseline": round(fixed / base, 4),
-        # The same tokens and the same spec-decode counts in every completed engine of both arms.
-        "same_work": len(work["fixed"] | work["baseline"]) == 1 and all(work.values()),
-    })  # fmt: skip
+    result.update(
+        {
+            "median_fixed": fixed,
+            "median_baseline": base,
+            "fixed_over_baseline": round(fixed / base, 4),
+            # The same tokens and the same spec-decode counts in every completed engine of both arms.
+            "same_work": len(work["fixed"] | work["baseline"]) == 1 and all(work.values()),
+        }
+    )
     return result
 
 
@@ -562,8 +600,11 @@ def main() -> int:
     )
     on_gpu = steps.add_parser("run", help="on the GPU machine: unpack, then the engine phases")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
-    on_gpu.add_argument("--phases", default="fixed,bug,baseline,fixed,baseline,fixed",
-                        help="comma-separated variants: bug, fixed, baseline")  # fmt: skip
+    on_gpu.add_argument(
+        "--phases",
+        default="fixed,bug,baseline,fixed,baseline,fixed",
+        help="comma-separated variants: bug, fixed, baseline",
+    )
     on_gpu.add_argument("--budget", type=float, default=560.0, help="seconds for all phases")
     on_gpu.add_argument("--phase-timeout", type=float, default=420.0)
     on_gpu.add_argument("--min-phase", type=float, default=75.0, help="start no phase with less time left")

@@ -44,11 +44,16 @@ def prepare(_: argparse.Namespace) -> int:
         # machine is; the wheel is abi3, so any CPython tag resolves it.
         platforms = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps",
-             "--only-binary=:all:", "--python-version", "3.12", "-d", str(WHEEL_CACHE),
-             *[arg for p in platforms for arg in ("--platform", p)]],
+            [
+                sys.executable,
+                *"-m pip download".split(),
+                f"vllm=={VLLM_VERSION}",
+                *"--no-deps --only-binary=:all: --python-version 3.12 -d".split(),
+                str(WHEEL_CACHE),
+                *[arg for p in platforms for arg in ("--platform", p)],
+            ],
             check=True,
-        )  # fmt: skip
+        )
         wheels = sorted(WHEEL_CACHE.glob(f"vllm-{VLLM_VERSION}-*x86_64.whl"))
     wheel = wheels[-1]
     STAGE.mkdir(exist_ok=True)
@@ -84,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     print(_nvidia_smi() or "nvidia-smi: not available", flush=True)
     # addopts are cleared so that project-wide options meant for the CPU CI (coverage,
     # marker filters) cannot hide or break the GPU tier on a bare machine.
-    command = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-v", "-rs",
-               "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={out / 'junit.xml'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        *"-m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider -o addopts=".split(),
+        f"--junitxml={out / 'junit.xml'}",
+    ]
     started = datetime.datetime.now(datetime.timezone.utc)
     with (out / "pytest.log").open("w") as log:
         process = subprocess.Popen(
@@ -270,7 +278,9 @@ def render(data: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m harness.gpu_evidence", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python3 -m harness.gpu_evidence",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     steps = parser.add_subparsers(dest="step", required=True)
     steps.add_parser("prepare", help="extract FlashMLA from the vLLM wheel into .gpu/").set_defaults(func=prepare)
