@@ -45,7 +45,9 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import common
+from harness.common import EVIDENCE, REPO
+
 VLLM_VERSION = "0.25.0"
 STAGE = REPO / ".e2e"
 WHEELS = Path(os.environ.get("DSPARK_E2E_WHEELS", REPO / ".e2e" / "wheels"))
@@ -53,7 +55,6 @@ DEPS_LIST = REPO / "harness" / "e2e" / "h200-deps.txt"
 MODEL_CONFIG = REPO / "harness" / "e2e" / "config.json"
 # The engine child, started by its path (see its docstring).
 ENGINE = Path(__file__).resolve().parent / "e2e_engine.py"
-EVIDENCE = REPO / "docs" / "evidence"
 PART_BYTES = 60 * 1024 * 1024
 DEVICE_ROOT = Path("/tmp/dspark-e2e")
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [
@@ -123,7 +124,7 @@ def prepare(_: argparse.Namespace) -> int:
     vllm_wheel = _wheel_for(f"vllm=={VLLM_VERSION}")
     dep_wheels = [_wheel_for(s) for s in specs]
     STAGE.mkdir(exist_ok=True)
-    _keep_out_of_git(STAGE)
+    common.keep_out_of_git(STAGE)
     for old in STAGE.glob("p[0-9]*"):
         shutil.rmtree(old)
     packed = STAGE / "e2e.tar"
@@ -151,11 +152,11 @@ def prepare(_: argparse.Namespace) -> int:
     packed = packed.with_suffix(".tar.xz")
     sources = {
         "vllm_wheel": vllm_wheel.name,
-        "vllm_wheel_sha256": _sha256(vllm_wheel),
+        "vllm_wheel_sha256": common.sha256_file(vllm_wheel),
         "wheels": [w.name for w in dep_wheels],
         "revert": [{"file": p, "removed": o.strip(), "added": n.strip()} for p, o, n in REVERT],
     }
-    digest = _sha256(packed)
+    digest = common.sha256_file(packed)
     size = packed.stat().st_size
     count = -(-size // PART_BYTES)
     step = -(-size // count)
@@ -185,23 +186,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, executable: bool = False)
     tar.addfile(info, io.BytesIO(data))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _keep_out_of_git(folder: Path) -> None:
-    probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False)
-    if probe.returncode == 1:
-        exclude = REPO / ".git" / "info" / "exclude"
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        with exclude.open("a") as handle:
-            handle.write(f"/{folder.name}/\n")
-
-
 # ----------------------------------------------------------------------------- run (GPU machine)
 
 
@@ -221,7 +205,7 @@ def unpack(log) -> dict:
         for part in parts:
             with part.open("rb") as handle:
                 shutil.copyfileobj(handle, out, 1 << 22)
-    if _sha256(joined) != manifest["sha256"]:
+    if common.sha256_file(joined) != manifest["sha256"]:
         raise SystemExit("joined tar: sha256 mismatch")
     _log_run(log, ["tar", "-xJf", str(joined), "-C", str(DEVICE_ROOT)], check=True)
     joined.unlink()
@@ -334,7 +318,7 @@ def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, ti
             **_log_facts(text, code),
         }
     )
-    result_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(result_file, data)
     print(f"[{label}] exit {code} in {data['wall_s']} s; errors: {data['runtime_errors'][:2]}", flush=True)
     if code != 0:
         tail = [line for line in text.splitlines() if line.strip()][-25:]
@@ -369,8 +353,7 @@ def _last_error(text: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    final = Path(args.out or os.environ.get("OUT") or "e2e-out").resolve()
-    final.mkdir(parents=True, exist_ok=True)
+    final = common.output_folder(args.out, "e2e-out")
     # The device tool brings back at most 8 files: work in a folder of our own, and after
     # every phase pack it into one archive under the output folder.
     out = DEVICE_ROOT / "results" / time.strftime("%Y%m%d-%H%M%S")
@@ -388,16 +371,16 @@ def run(args: argparse.Namespace) -> int:
         shutil.copy(args.config, model_dir / "config.json")
         summary["model_config"] = json.loads(Path(args.config).read_text())
         args.model_dir = model_dir
-        summary["gpu"] = _query("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
-        summary["nvcc"] = (_query("nvcc", "--version") or "").splitlines()[-1:]
+        summary["gpu"] = common.query(
+            "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
+        )
+        summary["nvcc"] = (common.query("nvcc", "--version") or "").splitlines()[-1:]
 
     def remaining() -> float:
         return deadline - time.monotonic()
 
     def save() -> None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        shutil.copy(out / "summary.json", final / "summary.json")
-        subprocess.run(["tar", "czf", str(final / "results.tgz"), "-C", str(out), "."], check=False)
+        common.save_results(summary, out, final)
 
     summary["cache_restored"] = _restore_cache()
     save()
@@ -509,12 +492,6 @@ def _preflight(out: Path) -> dict:
     return {"failed": failed, "seconds": round(time.monotonic() - started, 1)}
 
 
-def _query(*command: str) -> str | None:
-    if shutil.which(command[0]) is None:
-        return None
-    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
-
-
 # ----------------------------------------------------------------------------- collect (here)
 
 
@@ -549,7 +526,7 @@ def collect(args: argparse.Namespace) -> int:
     runs = [r for session in data["sessions"] for r in session["runs"]]
     data["ratio"] = _ratio(runs)
     EVIDENCE.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(target, data)
     print(f"wrote {target}; ratio: {json.dumps(data['ratio'])}")
     return 0
 
@@ -591,10 +568,7 @@ def _ratio(runs: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m harness.e2e_h200", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    steps = parser.add_subparsers(dest="step", required=True)
+    parser, steps = common.command_line("e2e_h200", __doc__)
     steps.add_parser("prepare", help="pack vLLM, the reverted files and the wheels into .e2e/p*/").set_defaults(
         func=prepare
     )
@@ -621,8 +595,7 @@ def main() -> int:
     back = steps.add_parser("collect", help="turn results (folders or archives) into docs/evidence/e2e-h200.json")
     back.add_argument("results", nargs="+")
     back.set_defaults(func=collect)
-    args = parser.parse_args()
-    return int(args.func(args))
+    return common.run_step(parser)
 
 
 if __name__ == "__main__":

@@ -67,11 +67,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import e2e_h200
+from harness import common, e2e_h200
+from harness.common import EVIDENCE, REPO
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = REPO / ".e2e" / "serve"
-EVIDENCE = REPO / "docs" / "evidence"
 # What the API server imports that neither the H200 image nor e2e_h200's pack has (found by
 # importing vllm.entrypoints.openai.api_server and vllm.benchmarks.serve in vLLM 0.25.0's venv).
 SERVE_WHEELS = (
@@ -645,8 +644,7 @@ MIN_PAIRS = 6
 
 def run(args: argparse.Namespace) -> int:
     e2e = _e2e()
-    final = Path(args.out or os.environ.get("OUT") or "serve-out").resolve()
-    final.mkdir(parents=True, exist_ok=True)
+    final = common.output_folder(args.out, "serve-out")
     out = e2e.DEVICE_ROOT / "serve-results" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
@@ -659,9 +657,7 @@ def run(args: argparse.Namespace) -> int:
     }
 
     def save() -> None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        shutil.copy(out / "summary.json", final / "summary.json")
-        subprocess.run(["tar", "czf", str(final / "results.tgz"), "-C", str(out), "."], check=False)
+        common.save_results(summary, out, final)
 
     with (out / "setup.log").open("a") as log:
         started = time.monotonic()
@@ -674,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
         summary["tokenizer"] = write_tokenizer(model_dir, config["vocab_size"])
         summary["model_config"] = config
         summary["setup_s"] = round(time.monotonic() - started, 1)
-        summary["gpu"] = e2e._query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
+        summary["gpu"] = common.query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
     args.model_dir = model_dir
     summary["cache_restored"] = e2e._restore_cache()
     save()
@@ -748,7 +744,7 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
         "cores": cores,
         "client": client_cpus,
         "servers": server_cpus,
-        "topology": e2e._query("nvidia-smi", "topo", "-m"),
+        "topology": common.query("nvidia-smi", "topo", "-m"),
     }
     kept_path = e2e.DEVICE_ROOT / KEPT
     kept = json.loads(kept_path.read_text()) if args.attach and kept_path.is_file() else None
@@ -917,8 +913,7 @@ def cpu_drift(args: argparse.Namespace) -> int:
     n = min(len(r) for r in rates) - 1  # the last window is cut short
     rates = [[round(x, 1) for x in r[:n]] for r in rates]  # as kept: the figures follow from what is kept
     result = {"cores": cores, "window_s": args.window, "windows": n, **drift_figures(rates)}
-    out = Path(args.out or os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.output_folder(args.out, ".")
     (out / "cpu-drift.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
@@ -1087,7 +1082,7 @@ def collect(args: argparse.Namespace) -> int:
         sessions = [s for s in sessions if s["source"] != source] + [{"source": source, "summary": summary}]
     data["sessions"] = sessions
     data["figures"] = figures(sessions)
-    target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(target, data)
     print(json.dumps(data["figures"], indent=2))
     return 0
 
@@ -1164,10 +1159,7 @@ def figures(sessions: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m harness.serve_h200", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    steps = parser.add_subparsers(dest="step", required=True)
+    parser, steps = common.command_line("serve_h200", __doc__)
     steps.add_parser("prepare", help="the serve wheels and this project's wheel -> .e2e/serve/").set_defaults(
         func=prepare
     )
@@ -1226,8 +1218,7 @@ def main() -> int:
     back = steps.add_parser("collect", help="results.tgz files -> docs/evidence/serve-h200.json")
     back.add_argument("results", nargs="+", metavar="NAME=results.tgz")
     back.set_defaults(func=collect)
-    args = parser.parse_args()
-    return int(args.func(args))
+    return common.run_step(parser)
 
 
 if __name__ == "__main__":
