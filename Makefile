@@ -15,7 +15,8 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 	$(PY) scripts/demo.py
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check dspark_hotfix tests scripts scripts/gpu-evidence scripts/e2e-h200 scripts/serve-h200 scripts/loc bench
+	$(PY) -m ruff check dspark_hotfix tests scripts scripts/loc bench harness
+	$(PY) -m ruff format --check harness
 	$(PY) -m mypy
 
 test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray, real-vLLM and coexistence tiers
@@ -42,8 +43,8 @@ oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m ray
 
-gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu/ (see docs/evidence/gpu-h200.md)
-	$(PYTHON) scripts/gpu-evidence prepare
+gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu/ (see harness/README.md)
+	$(PYTHON) -m harness.gpu_evidence prepare
 
 bench: $(VENV)/.ready  ## A/B costs of the shim (start-up, vLLM import, per call, memory) -> docs/BENCHMARKS.md
 	$(PY) bench/run.py

@@ -84,12 +84,12 @@ print(json.dumps([first == dspark_hotfix.status(), [r["state"] for r in first["p
 
 def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
     # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported
-    # from the checkout without putting it on sys.path, so tests/, bench/ and scripts/ stay out.
+    # from the checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
     code = """
 import importlib, json, sys
 import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix
 found = {}
-for name in ("tests", "bench", "scripts"):
+for name in ("tests", "bench", "scripts", "harness"):
     try:
         importlib.import_module(name)
         found[name] = True
@@ -99,7 +99,7 @@ print(json.dumps([found, {r["name"]: r["state"] for r in dspark_hotfix.status()[
 """
     startup = REPO / "dspark_hotfix" / "startup"
     found, states, path = json.loads(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
-    assert found == {"tests": False, "bench": False, "scripts": False}
+    assert found == {"tests": False, "bench": False, "scripts": False, "harness": False}
     assert states == dict.fromkeys(patch_names(), "patched")
     assert str(REPO) not in path
 

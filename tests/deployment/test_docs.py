@@ -105,8 +105,8 @@ def committed_docs() -> list[str]:
 
 
 def made_by_a_script(path: str) -> bool:
-    scripts = [p for p in (*(REPO / "scripts").rglob("*"), *(REPO / "tests").rglob("*.py"))
-               if p.is_file() and p != Path(__file__).resolve()]
+    found = (*(REPO / "scripts").rglob("*"), *(REPO / "harness").rglob("*"), *(REPO / "tests").rglob("*.py"))
+    scripts = [p for p in found if p.is_file() and p != Path(__file__).resolve()]
     named = re.compile(re.escape(path) + r"(?![\w.-])")
     return path.startswith("/tmp/") and any(named.search(p.read_text(errors="replace")) for p in scripts)
 

@@ -2,12 +2,12 @@
 
 Everything here skips, with the missing piece named, unless the machine has torch
 with CUDA on an SM90/SM100 GPU and vLLM 0.25.0's FlashMLA extension
-(``scripts/gpu-evidence prepare`` extracts it into ``.gpu/``). torch is imported
+(``python3 -m harness.gpu_evidence prepare`` extracts it into ``.gpu/``). torch is imported
 lazily so that the CPU CI machine, which has no torch, still collects this folder.
 
 When ``DSPARK_GPU_EVIDENCE_JSON`` names a file, the measurements the tests record
 and every test's outcome are written there at the end of the session;
-``scripts/gpu-evidence collect`` turns that file into docs/evidence/gpu-h200.{json,md}.
+``python3 -m harness.gpu_evidence collect`` turns that file into docs/evidence/gpu-h200.{json,md}.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def flashmla(cuda_device: Any) -> FlashMLA:
     if library is None or not library.is_file():
         pytest.skip(
             f"FlashMLA library not found ({library or DEFAULT_LIBRARY}): run "
-            f"`scripts/gpu-evidence prepare` or set {LIBRARY_ENV}"
+            f"`python3 -m harness.gpu_evidence prepare` or set {LIBRARY_ENV}"
         )
     # A library that is present but does not load is a real failure, not a skip.
     torch.ops.load_library(str(library))

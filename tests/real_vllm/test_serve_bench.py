@@ -1,4 +1,4 @@
-"""scripts/serve-h200's benchmark, run here as it runs on the H200: vLLM 0.25.0's own client.
+"""harness/serve_h200.py's benchmark, run here as it runs on the H200: vLLM 0.25.0's own client.
 
 The H200 run drives two real servers. Here its benchmark child (``BENCH_CHILD``,
 ``vllm.benchmarks.serve.main`` in vLLM 0.25.0's venv) drives two stand-in
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import serve_h200
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.venvs import ensure_venv
-from tests.scripts import load_script
 
 LOAD = {"input": 16, "output": 8, "prompts": 8, "concurrency": 4}
 
@@ -78,13 +78,13 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.mark.real_vllm
 def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(tmp_path):
     python, _ = ensure_venv("0.25.0")
-    serve = load_script("serve-h200")
+    serve = serve_h200
     model, cache = tmp_path / "model", tmp_path / "cache"
     model.mkdir()
     cache.mkdir()
     write = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.scripts import load_script; "
-        f"from pathlib import Path; load_script('serve-h200').write_tokenizer(Path({str(model)!r}), 2000)"
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.serve_h200 import write_tokenizer; "
+        f"from pathlib import Path; write_tokenizer(Path({str(model)!r}), 2000)"
     )
     subprocess.run([str(python), "-c", write], env=clean_env(), check=True, capture_output=True)
     # baseline compiles twice in its first warm-up; fixed-plugin once in its second timed run

@@ -1,4 +1,4 @@
-"""The H200 server evidence: docs/evidence/serve-h200.json holds what scripts/serve-h200 computes from its own runs."""
+"""The H200 server evidence: docs/evidence/serve-h200.json holds what harness/serve_h200.py computes from its runs."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__ as VERSION
-from tests.scripts import load_script
+from harness import serve_h200
+from tests.conftest import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "docs" / "evidence" / "serve-h200.json"
 
 
 @pytest.fixture(scope="module")
 def serve():
-    return load_script("serve-h200")
+    return serve_h200
 
 
 def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
@@ -228,14 +228,14 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
 
 
-def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(serve, tmp_path):
+def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(serve, tmp_path, monkeypatch):
     # What runs on the GPU machine around `vllm serve`, here with a stand-in `vllm` on the arm's PATH.
     import argparse
     import socket
     import sys
 
     e2e = serve._e2e()
-    e2e.DEVICE_ROOT = tmp_path
+    monkeypatch.setattr(e2e, "DEVICE_ROOT", tmp_path)  # the module is shared with the other tests
     (tmp_path / "serve-bin").mkdir()
     fake = tmp_path / "serve-bin" / "vllm"
     fake.write_text(FAKE_VLLM.format(python=sys.executable))
@@ -308,7 +308,7 @@ if __name__ == "__main__":
 """
 
 
-def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(serve, tmp_path):
+def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(serve, tmp_path, monkeypatch):
     # The counts hook as the GPU machine runs it: a .pth in the interpreter's own site directory (here
     # a fresh venv's), the `fixed-plugin` arm's PYTHONPATH (the stand-in build in place of the
     # reverted copy), the shim activated by the plugin function alone, in the server and in its spawned
@@ -329,7 +329,7 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     pth = serve.install_counts_hook(site_dir, tmp_path / "counts-hook")
     assert pth.parent == site_dir
     e2e = serve._e2e()
-    e2e.DEVICE_ROOT = tmp_path
+    monkeypatch.setattr(e2e, "DEVICE_ROOT", tmp_path)  # the module is shared with the other tests
     (tmp_path / "shim-site").mkdir()
     (tmp_path / "shim-site" / "dspark_hotfix").symlink_to(ROOT / "dspark_hotfix")
     (tmp_path / "vllm-rev").symlink_to(STANDIN)

@@ -1,18 +1,20 @@
-#!/usr/bin/env python3
 """vLLM's OpenAI server with a DeepSeek-V4 DSpark draft on the H200: the report's own acceptance.
 
 `vllm serve` with the reported flags, a real client on /v1/completions, vLLM's own benchmark
 client, and the throughput ratio of the shim against upstream's fix. It rides on the pack of
-scripts/e2e-h200 (vLLM 0.25.0, its reverted copy, the wheels) and adds what a server needs:
+harness.e2e_h200 (vLLM 0.25.0, its reverted copy, the wheels) and adds what a server needs:
 
-  scripts/serve-h200 prepare        here: .e2e/serve/ (uvicorn and the other wheels the H200 lacks
-                                    for the API server, and this project's wheel)
-  scripts/serve-h200 run [...]      on the GPU machine, after e2e-h200's parts and .e2e/serve were
-                                    carried: unpack, install, write the tokenizer, then the servers
-  scripts/serve-h200 collect A [B]  here: results.tgz files (in the order they ran)
-                                    -> docs/evidence/serve-h200.json
-  scripts/serve-h200 cpu-drift      on the GPU machine, no pack: how the speed of two cores drifts,
-                                    window by window (what moves a CPU-bound server's throughput)
+  python3 -m harness.serve_h200 prepare
+      here: .e2e/serve/ (uvicorn and the other wheels the H200 lacks for the API server, and
+      this project's wheel)
+  python3 -m harness.serve_h200 run [...]
+      on the GPU machine, after e2e_h200's parts and .e2e/serve were carried: unpack, install,
+      write the tokenizer, then the servers
+  python3 -m harness.serve_h200 collect A [B]
+      here: results.tgz files (in the order they ran) -> docs/evidence/serve-h200.json
+  python3 -m harness.serve_h200 cpu-drift
+      on the GPU machine, no pack: how the speed of two cores drifts, window by window (what
+      moves a CPU-bound server's throughput)
 
 Servers (every one `vllm serve MODEL --load-format dummy --kv-cache-dtype fp8 --block-size 256
 --spec-method dspark --spec-tokens 5 --tensor-parallel-size N` and a port, plus --enforce-eager
@@ -48,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.machinery
-import importlib.util
 import json
 import math
 import os
@@ -64,17 +64,22 @@ import tarfile
 import time
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import common, e2e_h200
+from harness.common import EVIDENCE, REPO
+
 STAGE = REPO / ".e2e" / "serve"
-EVIDENCE = REPO / "docs" / "evidence"
-# What the API server imports that neither the H200 image nor e2e-h200's pack has (found by
+# What the API server imports that neither the H200 image nor e2e_h200's pack has (found by
 # importing vllm.entrypoints.openai.api_server and vllm.benchmarks.serve in vLLM 0.25.0's venv).
 SERVE_WHEELS = (
-    "uvicorn==0.54.0", "jmespath==1.1.0", "model-hosting-container-standards==0.1.16",
-    "supervisor==4.3.0", "setproctitle==1.3.8",
-)  # fmt: skip
+    "uvicorn==0.54.0",
+    "jmespath==1.1.0",
+    "model-hosting-container-standards==0.1.16",
+    "supervisor==4.3.0",
+    "setproctitle==1.3.8",
+)
 SPEC_TOKENS = 5
 PROMPTS = 8  # the completions probe: one request, greedy, fixed prompts
 PROBE_TOKENS = 32
@@ -89,12 +94,9 @@ PROBE_TOKENS = 32
 BENCH = {"input": 128, "output": 256, "prompts": 128, "concurrency": 128}
 
 
-def _e2e():
-    """scripts/e2e-h200 as a module: the pack, its unpacking, the variants' environment."""
-    loader = importlib.machinery.SourceFileLoader("e2e_h200", str(REPO / "scripts" / "e2e-h200"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+def _e2e() -> ModuleType:
+    """harness.e2e_h200: the pack, its unpacking, the variants' environment."""
+    return e2e_h200
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -107,10 +109,11 @@ def prepare(_: argparse.Namespace) -> int:
     (STAGE / "wheels").mkdir(parents=True)
     for spec in SERVE_WHEELS:
         shutil.copy(e2e._wheel_for(spec), STAGE / "wheels")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(REPO)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(REPO)], check=True
+    )
     size = sum(p.stat().st_size for p in STAGE.rglob("*") if p.is_file())
-    print(f"{STAGE}: {size / 2**20:.1f} MiB; carry it with the last part of scripts/e2e-h200 prepare")
+    print(f"{STAGE}: {size / 2**20:.1f} MiB; carry it with the last part of harness.e2e_h200 prepare")
     return 0
 
 
@@ -127,22 +130,37 @@ def install(e2e, log) -> dict:
     if (root / KEPT).is_file() and (shim_site / "dspark_hotfix").is_dir():  # a kept server runs from it
         return {"kept": True, "counts_hook": str(hook)}
     if not (serve_deps / "uvicorn").is_dir():
-        e2e._log_run(log, [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                           "--target", str(serve_deps), *map(str, sorted((carried / "wheels").glob("*.whl")))],
-                     check=True)  # fmt: skip
+        e2e._log_run(
+            log,
+            [
+                sys.executable,
+                *"-m pip install -q --no-index --no-deps --no-compile --target".split(),
+                str(serve_deps),
+                *map(str, sorted((carried / "wheels").glob("*.whl"))),
+            ],
+            check=True,
+        )
     shutil.rmtree(shim_site, ignore_errors=True)
     project = sorted((carried / "project").glob("dspark_hotfix-*.whl"))
-    e2e._log_run(log, [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
-                       str(shim_site), str(project[-1])], check=True)  # fmt: skip
+    e2e._log_run(
+        log,
+        [sys.executable, *"-m pip install -q --no-index --no-deps --target".split(), str(shim_site), str(project[-1])],
+        check=True,
+    )
     # The `vllm` command as vLLM's wheel declares it (console_scripts: vllm.entrypoints.cli.main:main).
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "vllm"
-    script.write_text(f"#!{sys.executable}\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
-                      "if __name__ == '__main__':  # as pip writes it: spawned children import this file again\n"
-                      "    sys.exit(main())\n")
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom vllm.entrypoints.cli.main import main\n"
+        "if __name__ == '__main__':  # as pip writes it: spawned children import this file again\n"
+        "    sys.exit(main())\n"
+    )
     script.chmod(0o755)
-    return {"project_wheel": project[-1].name, "serve_wheels": sorted(p.name for p in (carried / "wheels").iterdir()),
-            "counts_hook": str(hook)}
+    return {
+        "project_wheel": project[-1].name,
+        "serve_wheels": sorted(p.name for p in (carried / "wheels").iterdir()),
+        "counts_hook": str(hook),
+    }
 
 
 def write_tokenizer(model_dir: Path, vocab_size: int) -> dict:
@@ -156,10 +174,20 @@ def write_tokenizer(model_dir: Path, vocab_size: int) -> dict:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 2048, "clean_up_tokenization_spaces": False,
-    }, indent=2) + "\n")  # fmt: skip
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": 2048,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return {"vocab_size": vocab_size, "kind": "WordLevel t<i>"}
 
 
@@ -218,8 +246,10 @@ def install_counts_hook(site_dir: Path, hook_dir: Path) -> Path:
     hook = hook_dir / "serve_h200_counts.py"
     hook.write_text(COUNTS_HOOK)
     pth = site_dir / "serve_h200_counts.pth"
-    pth.write_text(f"import os; exec(compile(open({str(hook)!r}).read(), {str(hook)!r}, 'exec'), "
-                   f"{{'__name__': 'serve_h200_counts'}}) if {COUNTS_ENV!r} in os.environ else None\n")
+    pth.write_text(
+        f"import os; exec(compile(open({str(hook)!r}).read(), {str(hook)!r}, 'exec'), "
+        f"{{'__name__': 'serve_h200_counts'}}) if {COUNTS_ENV!r} in os.environ else None\n"
+    )
     return pth
 
 
@@ -281,8 +311,12 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # NVLink multicast stays off on a shared host (KINDS.md): vLLM's symmetric-memory all-reduce
     # would use it, so tensor parallelism all-reduces through NCCL alone (with NVLS off).
-    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               VLLM_ALLREDUCE_USE_SYMM_MEM="0")  # fmt: skip
+    env.update(
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        VLLM_ALLREDUCE_USE_SYMM_MEM="0",
+    )
     env["PATH"] = os.pathsep.join([str(root / "serve-bin"), str(root / "shim-site" / "bin"), env.get("PATH", "")])
     site = root / "deps"
     paths = [str(root / "shim-site")] if shim else []
@@ -294,19 +328,28 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
 
 def serve_command(model_dir: Path, arm: str, port: int, tp: int, gpu_share: float, eager: bool = True) -> list[str]:
     """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short starts."""
-    command = [
-        "vllm", "serve", str(model_dir), "--load-format", "dummy", "--kv-cache-dtype", "fp8", "--block-size", "256",
-        "--spec-method", "dspark", "--spec-tokens", str(SPEC_TOKENS), "--tensor-parallel-size", str(tp),
-        *(["--enforce-eager"] if eager else []), "--max-model-len", "2048", "--max-num-seqs", str(BENCH["concurrency"]),
-        "--gpu-memory-utilization", str(gpu_share), "--seed", "0", "--port", str(port), "--host", "127.0.0.1",
-    ]  # fmt: skip
+    command = ["vllm", "serve", str(model_dir), *"--load-format dummy --kv-cache-dtype fp8 --block-size 256".split()]
+    command += ["--spec-method", "dspark", "--spec-tokens", str(SPEC_TOKENS), "--tensor-parallel-size", str(tp)]
+    command += ["--enforce-eager"] if eager else []
+    command += ["--max-model-len", "2048", "--max-num-seqs", str(BENCH["concurrency"])]
+    command += ["--gpu-memory-utilization", str(gpu_share), "--seed", "0", "--port", str(port), "--host", "127.0.0.1"]
     command += ["--disable-custom-all-reduce"] if tp > 1 else []
     return [*command, "--disable-hybrid-kv-cache-manager"] if arm.endswith("-hma-off") else command
 
 
 class Server:
-    def __init__(self, e2e, out: Path, label: str, arm: str, port: int, args: argparse.Namespace,
-                 gpu_share: float, cpus: list[int] | None = None, eager: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        e2e,
+        out: Path,
+        label: str,
+        arm: str,
+        port: int,
+        args: argparse.Namespace,
+        gpu_share: float,
+        cpus: list[int] | None = None,
+        eager: bool = True,
+    ) -> None:
         self.label, self.arm, self.port = label, arm, port
         self.log_path = out / f"{label}.log"
         self.counts = out / "counts" / label
@@ -318,22 +361,46 @@ class Server:
         self.command = [*prefix, *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager)]
         self.started = time.monotonic()
         self.log: Any = self.log_path.open("w")
-        self.log.write(f"$ {' '.join(self.command)}\n# PYTHONPATH={env['PYTHONPATH']}\n"
-                       f"# DSPARK_HOTFIX={env.get('DSPARK_HOTFIX')}\n")  # fmt: skip
+        self.log.write(
+            f"$ {' '.join(self.command)}\n# PYTHONPATH={env['PYTHONPATH']}\n"
+            f"# DSPARK_HOTFIX={env.get('DSPARK_HOTFIX')}\n"
+        )
         self.log.flush()
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # its children inherit the cores
         self.proc: subprocess.Popen | None = subprocess.Popen(
-            self.command, cwd="/tmp", env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=pin)  # fmt: skip
+            self.command,
+            cwd="/tmp",
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=pin,
+        )
         self.pgid = self.proc.pid
-        self.record: dict = {"label": label, "arm": arm, "port": port, "command": self.command,
-                             "python_path": env["PYTHONPATH"], "dspark_hotfix": env.get("DSPARK_HOTFIX"),
-                             "deep_gemm_warmup": env["VLLM_DEEP_GEMM_WARMUP"], "cpus": cpus}
+        self.record: dict = {
+            "label": label,
+            "arm": arm,
+            "port": port,
+            "command": self.command,
+            "python_path": env["PYTHONPATH"],
+            "dspark_hotfix": env.get("DSPARK_HOTFIX"),
+            "deep_gemm_warmup": env["VLLM_DEEP_GEMM_WARMUP"],
+            "cpus": cpus,
+        }
 
     def kept(self) -> dict:
         """What a later call needs to take this server over: it runs on in its own session."""
-        return {"label": self.label, "arm": self.arm, "port": self.port, "pgid": self.pgid, "started": self.started,
-                "log": str(self.log_path), "counts": str(self.counts), "command": self.command, "record": self.record}
+        return {
+            "label": self.label,
+            "arm": self.arm,
+            "port": self.port,
+            "pgid": self.pgid,
+            "started": self.started,
+            "log": str(self.log_path),
+            "counts": str(self.counts),
+            "command": self.command,
+            "record": self.record,
+        }
 
     @classmethod
     def attach(cls, kept: dict) -> Server:
@@ -477,8 +544,14 @@ json.dump({"model": model, "openai": openai.__version__, "completion_tokens": re
 def probe(e2e, server: Server, out: Path) -> dict:
     target = out / f"{server.label}-probe.json"
     env, _ = arm_env(e2e, None)
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(server.port), str(target), json.dumps(prompts()),
-                           str(PROBE_TOKENS)], env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(server.port), str(target), json.dumps(prompts()), str(PROBE_TOKENS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if proc.returncode or not target.is_file():
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
     return json.loads(target.read_text())
@@ -571,18 +644,20 @@ MIN_PAIRS = 6
 
 def run(args: argparse.Namespace) -> int:
     e2e = _e2e()
-    final = Path(args.out or os.environ.get("OUT") or "serve-out").resolve()
-    final.mkdir(parents=True, exist_ok=True)
+    final = common.output_folder(args.out, "serve-out")
     out = e2e.DEVICE_ROOT / "serve-results" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    summary: dict = {"started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "arms": args.arms, "bench": args.bench, "tp": args.tp, "servers": []}  # fmt: skip
+    summary: dict = {
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "arms": args.arms,
+        "bench": args.bench,
+        "tp": args.tp,
+        "servers": [],
+    }
 
     def save() -> None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        shutil.copy(out / "summary.json", final / "summary.json")
-        subprocess.run(["tar", "czf", str(final / "results.tgz"), "-C", str(out), "."], check=False)
+        common.save_results(summary, out, final)
 
     with (out / "setup.log").open("a") as log:
         started = time.monotonic()
@@ -595,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
         summary["tokenizer"] = write_tokenizer(model_dir, config["vocab_size"])
         summary["model_config"] = config
         summary["setup_s"] = round(time.monotonic() - started, 1)
-        summary["gpu"] = e2e._query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
+        summary["gpu"] = common.query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
     args.model_dir = model_dir
     summary["cache_restored"] = e2e._restore_cache()
     save()
@@ -631,7 +706,7 @@ def cpu_sets(cores: list[int], servers: int) -> tuple[list[int], list[list[int]]
     neither the idle server nor the client runs on the cores of the server being measured."""
     client, rest = cores[-2:], cores[:-2]
     share = len(rest) // servers
-    return client, [rest[i * share:(i + 1) * share] for i in range(servers)]
+    return client, [rest[i * share : (i + 1) * share] for i in range(servers)]
 
 
 def gpu_during(runs: list[dict], samples: str) -> None:
@@ -648,9 +723,12 @@ def gpu_during(runs: list[dict], samples: str) -> None:
         start, end = run.get("cost", {}).get("epoch", (0, 0))
         inside = [p for p in points if start <= p[0] <= end]
         if inside:
-            run["cost"]["gpu"] = {"samples": len(inside), "sm_mhz_mean": round(statistics.fmean(p[1] for p in inside)),
-                                  "sm_mhz_min": min(p[1] for p in inside),
-                                  "power_w_mean": round(statistics.fmean(p[2] for p in inside), 1)}  # fmt: skip
+            run["cost"]["gpu"] = {
+                "samples": len(inside),
+                "sm_mhz_mean": round(statistics.fmean(p[1] for p in inside)),
+                "sm_mhz_min": min(p[1] for p in inside),
+                "power_w_mean": round(statistics.fmean(p[2] for p in inside), 1),
+            }
 
 
 KEPT = "bench-servers.json"  # in the device root: the bench servers a call left running (--keep-servers)
@@ -659,10 +737,15 @@ KEPT = "bench-servers.json"  # in the device root: the bench servers a call left
 def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: int, deadline: float) -> int:
     servers: list[Server] = []
     cores = sorted(os.sched_getaffinity(0))
-    client_cpus, server_cpus = cpu_sets(cores, len(arms)) if args.pin and len(cores) >= 2 + 2 * len(arms) else (
-        [], [None] * len(arms))  # fmt: skip
-    summary["cpus"] = {"cores": cores, "client": client_cpus, "servers": server_cpus,
-                       "topology": e2e._query("nvidia-smi", "topo", "-m")}  # fmt: skip
+    client_cpus, server_cpus = (
+        cpu_sets(cores, len(arms)) if args.pin and len(cores) >= 2 + 2 * len(arms) else ([], [None] * len(arms))
+    )
+    summary["cpus"] = {
+        "cores": cores,
+        "client": client_cpus,
+        "servers": server_cpus,
+        "topology": common.query("nvidia-smi", "topo", "-m"),
+    }
     kept_path = e2e.DEVICE_ROOT / KEPT
     kept = json.loads(kept_path.read_text()) if args.attach and kept_path.is_file() else None
     # CUDA graphs, as the report runs vLLM (calls 49 on); --bench-eager: --enforce-eager (calls 41 to 47)
@@ -678,8 +761,11 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
                 if servers:
                     servers[-1].wait_for("GPU KV cache size", min(args.ready_timeout, deadline - time.monotonic() - 60))
                 counter += 1
-                servers.append(Server(e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args,
-                                      args.bench_gpu_share, cpus, eager))  # fmt: skip
+                servers.append(
+                    Server(
+                        e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args, args.bench_gpu_share, cpus, eager
+                    )
+                )
         for server in servers:
             if server.record.get("outcome") == "ready":
                 continue
@@ -692,22 +778,40 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
             server.shim_calls("ready")  # before any request: the start-up's calls
             server.record["probe"] = probe(e2e, server, out)
         timed_left = deadline - time.monotonic() - 60 - 2 * min(args.reps, MIN_PAIRS) * TIMED_S_PER_RUN
-        plan = {"arms": [{"arm": s.arm, "port": s.port, "log": str(s.log_path), "pgid": s.pgid} for s in servers],
-                "reps": args.reps, "max_warmups": args.max_warmups, "load": BENCH, "model": str(args.model_dir),
-                "jit_cache": str(e2e.DEVICE_ROOT / "cache"), "client_cpus": client_cpus,
-                "warmups_end": time.time() + timed_left, "first_rep": first_rep,
-                "end": time.time() + deadline - time.monotonic() - 70}  # fmt: skip
+        plan = {
+            "arms": [{"arm": s.arm, "port": s.port, "log": str(s.log_path), "pgid": s.pgid} for s in servers],
+            "reps": args.reps,
+            "max_warmups": args.max_warmups,
+            "load": BENCH,
+            "model": str(args.model_dir),
+            "jit_cache": str(e2e.DEVICE_ROOT / "cache"),
+            "client_cpus": client_cpus,
+            "warmups_end": time.time() + timed_left,
+            "first_rep": first_rep,
+            "end": time.time() + deadline - time.monotonic() - 70,
+        }
         target = out / "bench.json"
         env, _ = arm_env(e2e, "baseline")  # vLLM's client from the unmodified tree, no shim
         env["DSPARK_HOTFIX"] = "0"
         log, gpu_csv = (out / "bench.log").open("w"), (out / "gpu.csv").open("w")
-        sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "-i", "0",
-                                    "--format=csv,noheader,nounits", "-lms", "500"], stdout=gpu_csv,
-                                   stderr=subprocess.DEVNULL)  # fmt: skip
+        sampler = subprocess.Popen(
+            [
+                "nvidia-smi",
+                *"--query-gpu=timestamp,clocks.sm,power.draw -i 0 --format=csv,noheader,nounits -lms 500".split(),
+            ],
+            stdout=gpu_csv,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             left = max(30.0, deadline - time.monotonic() - 60)
-            proc = subprocess.run([sys.executable, "-c", BENCH_CHILD, json.dumps(plan), str(target)], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, timeout=left, check=False)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, "-c", BENCH_CHILD, json.dumps(plan), str(target)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=left,
+                check=False,
+            )
             summary["bench_exit"] = proc.returncode
         except subprocess.TimeoutExpired:
             summary["bench_exit"] = "timeout"
@@ -726,8 +830,12 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
         first_rep = max(reps, default=first_rep - 1) + 1
     finally:
         if args.keep_servers and servers and all(s.alive() for s in servers):
-            kept_path.write_text(json.dumps({"id": summary["bench_servers"], "reps_done": first_rep,
-                                             "servers": [s.kept() for s in servers]}, indent=2))  # fmt: skip
+            kept_path.write_text(
+                json.dumps(
+                    {"id": summary["bench_servers"], "reps_done": first_rep, "servers": [s.kept() for s in servers]},
+                    indent=2,
+                )
+            )
             summary["kept_servers"] = [s.label for s in servers]
         else:
             kept_path.unlink(missing_ok=True)
@@ -772,9 +880,12 @@ print(json.dumps(slices))
 def drift_figures(rates: list[list[float]]) -> dict:
     """Two cores' rates, window by window: each one's spread, the spread of their ratio, their correlation."""
     first, second = rates
-    return {"rates": rates, "spread": [_spread(first), _spread(second)],
-            "side_by_side_spread": _spread([a / b for a, b in zip(first, second, strict=True)]),
-            "correlation": round(statistics.correlation(first, second), 3) if len(first) > 2 else None}  # fmt: skip
+    return {
+        "rates": rates,
+        "spread": [_spread(first), _spread(second)],
+        "side_by_side_spread": _spread([a / b for a, b in zip(first, second, strict=True)]),
+        "correlation": round(statistics.correlation(first, second), 3) if len(first) > 2 else None,
+    }
 
 
 def cpu_drift(args: argparse.Namespace) -> int:
@@ -784,8 +895,12 @@ def cpu_drift(args: argparse.Namespace) -> int:
     available = sorted(os.sched_getaffinity(0))
     _, servers = cpu_sets(available, 2)
     cores = [cpus[0] for cpus in servers] if all(servers) else available[:2]
-    children = [subprocess.Popen([sys.executable, "-c", DRIFT_CHILD, str(core), str(args.seconds)],
-                                 stdout=subprocess.PIPE, text=True) for core in cores]  # fmt: skip
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRIFT_CHILD, str(core), str(args.seconds)], stdout=subprocess.PIPE, text=True
+        )
+        for core in cores
+    ]
     slices = [json.loads(child.communicate()[0]) for child in children]
     start = max(s[0][0] for s in slices)
     rates = []  # per core, per window: loops per second
@@ -798,8 +913,7 @@ def cpu_drift(args: argparse.Namespace) -> int:
     n = min(len(r) for r in rates) - 1  # the last window is cut short
     rates = [[round(x, 1) for x in r[:n]] for r in rates]  # as kept: the figures follow from what is kept
     result = {"cores": cores, "window_s": args.window, "windows": n, **drift_figures(rates)}
-    out = Path(args.out or os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.output_folder(args.out, ".")
     (out / "cpu-drift.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0
@@ -808,7 +922,7 @@ def cpu_drift(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- the figures (here and there)
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}  # fmt: skip
 
 
 def _interval(ratios: list[float]) -> dict:
@@ -860,13 +974,21 @@ def bench_ratio(runs: list[dict]) -> dict:
         "output_throughput": {arm: [r["result"]["output_throughput"] for r in rs] for arm, rs in per_arm.items()},
         "jit_compiles": {arm: [r.get("jit_compiles") for r in rs] for arm, rs in per_arm.items()},
         # (max - min) / mean of an arm's runs that compiled nothing: what one arm's own noise is
-        "clean_spread": {arm: _spread([r["result"]["output_throughput"] for r in rs if not r.get("jit_compiles")])
-                         for arm, rs in per_arm.items()},
+        "clean_spread": {
+            arm: _spread([r["result"]["output_throughput"] for r in rs if not r.get("jit_compiles")])
+            for arm, rs in per_arm.items()
+        },
         # the batches the scheduler made: equal in every run of one load, unless timing shaped them
         "engine_steps": {arm: [r.get("cost", {}).get("engine_steps") for r in rs] for arm, rs in per_arm.items()},
         # vLLM's own figures per arm, the median over its timed runs
-        "medians": {arm: {key: round(statistics.median(r["result"][key] for r in rs), 3) for key in MEDIANS
-                          if all(key in r["result"] for r in rs)} for arm, rs in per_arm.items()},
+        "medians": {
+            arm: {
+                key: round(statistics.median(r["result"][key] for r in rs), 3)
+                for key in MEDIANS
+                if all(key in r["result"] for r in rs)
+            }
+            for arm, rs in per_arm.items()
+        },
         "failed": sum(int(r["result"].get("failed", 0)) for r in timed),
         # the same prompts in both servers of a pair: the same drafts and accepted tokens, or the shim changed decoding
         "pairs_with_the_same_spec_decode": sum(_spec(a) == _spec(b) for a, b in pairs),
@@ -881,12 +1003,20 @@ def _bounds(runs: list[dict]) -> dict:
     def span(values: list[float]) -> list[float] | None:
         return [min(values), max(values)] if values else None
 
-    shares = [cpu / float(r["result"]["duration"]) for r in runs if r["result"].get("duration")
-              for name, cpu in r.get("cost", {}).get("server_cpu_s", {}).items() if "EngineCor" in name]
+    shares = [
+        cpu / float(r["result"]["duration"])
+        for r in runs
+        if r["result"].get("duration")
+        for name, cpu in r.get("cost", {}).get("server_cpu_s", {}).items()
+        if "EngineCor" in name
+    ]
     gpu = [r["cost"]["gpu"] for r in runs if r.get("cost", {}).get("gpu")]
-    return {"engine_core_cpu_share": span([round(x, 3) for x in shares]),
-            "sm_mhz_min": span([g["sm_mhz_min"] for g in gpu]), "power_w_mean": span([g["power_w_mean"] for g in gpu]),
-            "host_steal": span([r["cost"]["host_steal"] for r in runs if "host_steal" in r.get("cost", {})])}
+    return {
+        "engine_core_cpu_share": span([round(x, 3) for x in shares]),
+        "sm_mhz_min": span([g["sm_mhz_min"] for g in gpu]),
+        "power_w_mean": span([g["power_w_mean"] for g in gpu]),
+        "host_steal": span([r["cost"]["host_steal"] for r in runs if "host_steal" in r.get("cost", {})]),
+    }
 
 
 def shim_calls(record: dict) -> dict | None:
@@ -906,15 +1036,20 @@ def shim_calls(record: dict) -> dict | None:
         return calls
 
     def added(reading: dict) -> dict[str, int]:  # per process with the shim: calls since ready
-        return {pid: sum(n - (ready.get(pid, {}).get("calls") or {}).get(patch, 0) for patch, n in p["calls"].items())
-                for pid, p in reading.items() if p["calls"] is not None}  # fmt: skip
+        return {
+            pid: sum(n - (ready.get(pid, {}).get("calls") or {}).get(patch, 0) for patch, n in p["calls"].items())
+            for pid, p in reading.items()
+            if p["calls"] is not None
+        }
 
     since = {label: added(reading) for label, reading in readings.items() if label != "ready"}
     return {
         "logged_processes": logged,
         "answered": {label: sorted(reading) for label, reading in readings.items()},
-        "with_the_shim": {label: sorted(pid for pid, p in reading.items() if p["calls"] is not None)
-                          for label, reading in readings.items()},
+        "with_the_shim": {
+            label: sorted(pid for pid, p in reading.items() if p["calls"] is not None)
+            for label, reading in readings.items()
+        },
         "activated_by": sorted({str(p["activated_by"]) for p in ready.values() if p["calls"] is not None}),
         "at_ready": total(ready),
         "added_after_ready": since,
@@ -947,7 +1082,7 @@ def collect(args: argparse.Namespace) -> int:
         sessions = [s for s in sessions if s["source"] != source] + [{"source": source, "summary": summary}]
     data["sessions"] = sessions
     data["figures"] = figures(sessions)
-    target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(target, data)
     print(json.dumps(data["figures"], indent=2))
     return 0
 
@@ -969,11 +1104,17 @@ def figures(sessions: list[dict]) -> dict:
                 counts[f"{session['source']}-{s['label']}"] = {"arm": s["arm"], **shim_calls(s)}
             if s.get("metrics"):  # what /metrics showed of the shim, at each reading
                 metrics[f"{session['source']}-{s['label']}"] = {"arm": s["arm"], **s["metrics"]}
-            outcomes.setdefault(s["arm"], []).append({
-                "server": f"{session['source']}-{s['label']}", "tp": tp, "outcome": s.get("outcome"),
-                "wall_s": s.get("wall_s"), "reported_error": s.get("reported_error"),
-                "processes": len(s.get("processes", [])), "shim_summaries": len(s.get("shim_summary_pids", [])),
-            })  # fmt: skip
+            outcomes.setdefault(s["arm"], []).append(
+                {
+                    "server": f"{session['source']}-{s['label']}",
+                    "tp": tp,
+                    "outcome": s.get("outcome"),
+                    "wall_s": s.get("wall_s"),
+                    "reported_error": s.get("reported_error"),
+                    "processes": len(s.get("processes", [])),
+                    "shim_summaries": len(s.get("shim_summary_pids", [])),
+                }
+            )
             probe = s.get("probe") or {}
             if probe.get("texts_sha256"):
                 counters: dict[str, float] = {}
@@ -986,11 +1127,17 @@ def figures(sessions: list[dict]) -> dict:
     same = {}
     for tp, arms in served.items():
         compared = [arm for arm in arms if arm.startswith("fixed")] + ["baseline"]
-        same[tp] = len(compared) > 1 and all(arm in arms for arm in compared) and len(
-            set().union(*(arms[arm] for arm in compared))) == 1  # fmt: skip
+        same[tp] = (
+            len(compared) > 1
+            and all(arm in arms for arm in compared)
+            and len(set().union(*(arms[arm] for arm in compared))) == 1
+        )
     probes = {tp: {arm: sorted(v) for arm, v in arms.items()} for tp, arms in served.items()}
-    bench = {session["source"]: bench_ratio(session["summary"]["bench_runs"])
-             for session in sessions if session["summary"].get("bench_runs")}  # fmt: skip
+    bench = {
+        session["source"]: bench_ratio(session["summary"]["bench_runs"])
+        for session in sessions
+        if session["summary"].get("bench_runs")
+    }
     # calls on the same servers (--keep-servers, --attach) number their pairs on: one figure over all
     joined: dict[str, list[dict]] = {}
     for session in sessions:
@@ -999,42 +1146,69 @@ def figures(sessions: list[dict]) -> dict:
     for group in joined.values():
         if len(group) > 1:
             bench["+".join(s["source"] for s in group)] = bench_ratio(
-                [r for s in group for r in s["summary"]["bench_runs"]])
-    return {"outcomes": outcomes, "probes": probes, "same_completions": same, "bench": bench, "shim_calls": counts,
-            "metrics": metrics}
+                [r for s in group for r in s["summary"]["bench_runs"]]
+            )
+    return {
+        "outcomes": outcomes,
+        "probes": probes,
+        "same_completions": same,
+        "bench": bench,
+        "shim_calls": counts,
+        "metrics": metrics,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True)
+    parser, steps = common.command_line("serve_h200", __doc__)
     steps.add_parser("prepare", help="the serve wheels and this project's wheel -> .e2e/serve/").set_defaults(
-        func=prepare)
+        func=prepare
+    )
     on_gpu = steps.add_parser("run", help="on the GPU machine: the servers of --arms, then --bench")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
     on_gpu.add_argument("--arms", default="bug,fixed-launcher", help="servers started, probed and stopped in turn")
     on_gpu.add_argument("--bench", default="", help="two servers side by side, e.g. baseline,fixed-plugin")
     on_gpu.add_argument("--reps", type=int, default=8, help="timed benchmark runs per bench arm")
-    on_gpu.add_argument("--max-warmups", type=int, default=6,
-                        help="untimed runs per bench server, until one compiles no kernel")
+    on_gpu.add_argument(
+        "--max-warmups", type=int, default=6, help="untimed runs per bench server, until one compiles no kernel"
+    )
     on_gpu.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size")
-    on_gpu.add_argument("--deep-gemm-warmup", choices=("relax", "skip"), default="relax",
-                        help="VLLM_DEEP_GEMM_WARMUP of every server: relax (vLLM's default) compiles DeepGEMM's "
-                             "kernels at start-up; skip compiles them while serving (calls 33 to 44)")
+    on_gpu.add_argument(
+        "--deep-gemm-warmup",
+        choices=("relax", "skip"),
+        default="relax",
+        help="VLLM_DEEP_GEMM_WARMUP of every server: relax (vLLM's default) compiles DeepGEMM's "
+        "kernels at start-up; skip compiles them while serving (calls 33 to 44)",
+    )
     on_gpu.add_argument("--gpu-share", type=float, default=0.5, help="--gpu-memory-utilization of an --arms server")
     on_gpu.add_argument("--bench-gpu-share", type=float, default=0.4, help="the same, for each bench server")
-    on_gpu.add_argument("--bench-eager", action="store_true",
-                        help="--enforce-eager for the bench servers too (calls 41 to 47); default: CUDA graphs")
-    on_gpu.add_argument("--keep-servers", action="store_true",
-                        help="leave the bench servers running for the next call (a machine stays warm 30 s)")
-    on_gpu.add_argument("--attach", action="store_true",
-                        help="bench the servers an earlier --keep-servers call left running, if any")
-    on_gpu.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="leave the bench servers and client on every core (calls 42 to 46 did)")
+    on_gpu.add_argument(
+        "--bench-eager",
+        action="store_true",
+        help="--enforce-eager for the bench servers too (calls 41 to 47); default: CUDA graphs",
+    )
+    on_gpu.add_argument(
+        "--keep-servers",
+        action="store_true",
+        help="leave the bench servers running for the next call (a machine stays warm 30 s)",
+    )
+    on_gpu.add_argument(
+        "--attach", action="store_true", help="bench the servers an earlier --keep-servers call left running, if any"
+    )
+    on_gpu.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave the bench servers and client on every core (calls 42 to 46 did)",
+    )
     on_gpu.add_argument("--budget", type=float, default=560.0, help="seconds for everything after set-up")
     on_gpu.add_argument("--ready-timeout", type=float, default=360.0)
-    on_gpu.add_argument("--min-phase", type=float, default=200.0,
-                        help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)")
-    on_gpu.add_argument("--config", default=str(REPO / "scripts" / "e2e" / "config.json"))
+    on_gpu.add_argument(
+        "--min-phase",
+        type=float,
+        default=200.0,
+        help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)",
+    )
+    on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
     on_gpu.set_defaults(func=run)
     drift = steps.add_parser("cpu-drift", help="the speed of two cores, window by window, side by side")
     drift.add_argument("--seconds", type=float, default=90.0)
@@ -1044,8 +1218,7 @@ def main() -> int:
     back = steps.add_parser("collect", help="results.tgz files -> docs/evidence/serve-h200.json")
     back.add_argument("results", nargs="+", metavar="NAME=results.tgz")
     back.set_defaults(func=collect)
-    args = parser.parse_args()
-    return int(args.func(args))
+    return common.run_step(parser)
 
 
 if __name__ == "__main__":

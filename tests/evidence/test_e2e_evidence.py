@@ -1,22 +1,20 @@
-"""The H200 end-to-end evidence: the figures in docs/evidence/e2e-h200.json are what scripts/e2e-h200 computes."""
+"""The H200 end-to-end evidence: the figures in docs/evidence/e2e-h200.json are what harness/e2e_h200.py computes."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.scripts import load_script
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness import e2e_h200
+from tests.conftest import REPO as ROOT
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    return load_script("e2e-h200")
+    return e2e_h200
 
 
 def _engine(variant, rates, cache_files=10, counts=1339, ok=True):

@@ -1,20 +1,20 @@
-#!/usr/bin/env python3
 """Real vLLM engine with a DeepSeek-V4 DSpark draft on one H200: the bug, the fix, the cost.
 
 Three steps, because the GPU machine has torch but no network and no vLLM:
 
-  scripts/e2e-h200 prepare          here: wheels -> one packed tar in .e2e/, split into parts
-                                    .e2e/p0/, .e2e/p1/, ... (one part per device call)
-  scripts/e2e-h200 run [--out D]    on the GPU machine, from the repository root, after the parts
-                                    were copied to /tmp/dspark-e2e/parts/: unpack, an import
-                                    preflight, then the engines of --phases; D (default $OUT)
-                                    gets summary.json and results.tgz (every log)
-  scripts/e2e-h200 collect A [B..]  here: results.tgz files (or folders), in the order they ran
-                                    -> docs/evidence/e2e-h200.json
+  python3 -m harness.e2e_h200 prepare
+      here: wheels -> one packed tar in .e2e/, split into parts .e2e/p0/, .e2e/p1/, ...
+      (one part per device call)
+  python3 -m harness.e2e_h200 run [--out D]
+      on the GPU machine, from the repository root, after the parts were copied to
+      /tmp/dspark-e2e/parts/: unpack, an import preflight, then the engines of --phases;
+      D (default $OUT) gets summary.json and results.tgz (every log)
+  python3 -m harness.e2e_h200 collect A [B..]
+      here: results.tgz files (or folders), in the order they ran -> docs/evidence/e2e-h200.json
 
 What it runs (all with vllm.LLM, load_format="dummy", kv_cache_dtype="fp8", block size 256,
-enforce_eager, speculative_config={"method": "dspark", ...}, the model of scripts/e2e/config.json
-or of --config, e.g. scripts/e2e/config-swa-only.json):
+enforce_eager, speculative_config={"method": "dspark", ...}, the model of harness/e2e/config.json
+or of --config, e.g. harness/e2e/config-swa-only.json):
 
   bug       the reverted copy of vLLM 0.25.0 (PR #47716 undone, the shifted remap re-created)
             with DSPARK_HOTFIX=0: the engine must die with FlashMLA's RuntimeError
@@ -25,8 +25,8 @@ or of --config, e.g. scripts/e2e/config-swa-only.json):
             baseline-hma-off dies with the reported RuntimeError; shim-hma-off stops at KV-cache
             grouping with the shim's kv_cache_groups error
 
-The engine itself runs in a child process of this script (subcommand ``engine``), one per run,
-with the PYTHONPATH of its variant. Standard library only, except inside ``engine``.
+The engine itself runs in a child process, harness/e2e_engine.py started by its path, one per run,
+with the PYTHONPATH of its variant. Standard library only.
 """
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import common
+from harness.common import EVIDENCE, REPO
+
 VLLM_VERSION = "0.25.0"
 STAGE = REPO / ".e2e"
 WHEELS = Path(os.environ.get("DSPARK_E2E_WHEELS", REPO / ".e2e" / "wheels"))
-DEPS_LIST = REPO / "scripts" / "e2e" / "h200-deps.txt"
-MODEL_CONFIG = REPO / "scripts" / "e2e" / "config.json"
-EVIDENCE = REPO / "docs" / "evidence"
+DEPS_LIST = REPO / "harness" / "e2e" / "h200-deps.txt"
+MODEL_CONFIG = REPO / "harness" / "e2e" / "config.json"
+# The engine child, started by its path (see its docstring).
+ENGINE = Path(__file__).resolve().parent / "e2e_engine.py"
 PART_BYTES = 60 * 1024 * 1024
 DEVICE_ROOT = Path("/tmp/dspark-e2e")
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [
@@ -71,14 +74,18 @@ WHEEL_SKIP = (
 # PR #47716 undone, and the reported build's shifted remap re-created: (file, old, new), each
 # `old` must occur exactly once in the released file.
 REVERT = (
-    ("vllm/v1/attention/backends/mla/sparse_swa.py",
-     "            kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),\n", ""),
-    ("vllm/models/deepseek_v4/attention.py",
-     "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n", ""),
-    ("vllm/models/deepseek_v4/nvidia/dspark.py",
-     '        return f"model.layers.{stage}.{rest}"\n',
-     '        return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"\n'),
-)  # fmt: skip
+    (
+        "vllm/v1/attention/backends/mla/sparse_swa.py",
+        "            kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),\n",
+        "",
+    ),
+    ("vllm/models/deepseek_v4/attention.py", "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n", ""),
+    (
+        "vllm/models/deepseek_v4/nvidia/dspark.py",
+        '        return f"model.layers.{stage}.{rest}"\n',
+        '        return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"\n',
+    ),
+)
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -88,10 +95,16 @@ def _download(spec: str) -> None:
     WHEELS.mkdir(parents=True, exist_ok=True)
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.12", "--implementation", "cp", *platform_args, "-d", str(WHEELS), spec],
+        [
+            sys.executable,
+            *"-m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp".split(),
+            *platform_args,
+            "-d",
+            str(WHEELS),
+            spec,
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def _wheel_for(spec: str) -> Path:
@@ -111,7 +124,7 @@ def prepare(_: argparse.Namespace) -> int:
     vllm_wheel = _wheel_for(f"vllm=={VLLM_VERSION}")
     dep_wheels = [_wheel_for(s) for s in specs]
     STAGE.mkdir(exist_ok=True)
-    _keep_out_of_git(STAGE)
+    common.keep_out_of_git(STAGE)
     for old in STAGE.glob("p[0-9]*"):
         shutil.rmtree(old)
     packed = STAGE / "e2e.tar"
@@ -139,11 +152,11 @@ def prepare(_: argparse.Namespace) -> int:
     packed = packed.with_suffix(".tar.xz")
     sources = {
         "vllm_wheel": vllm_wheel.name,
-        "vllm_wheel_sha256": _sha256(vllm_wheel),
+        "vllm_wheel_sha256": common.sha256_file(vllm_wheel),
         "wheels": [w.name for w in dep_wheels],
         "revert": [{"file": p, "removed": o.strip(), "added": n.strip()} for p, o, n in REVERT],
     }
-    digest = _sha256(packed)
+    digest = common.sha256_file(packed)
     size = packed.stat().st_size
     count = -(-size // PART_BYTES)
     step = -(-size // count)
@@ -159,7 +172,7 @@ def prepare(_: argparse.Namespace) -> int:
     print(f"{size / 2**20:.1f} MiB in {count} parts, sha256 {digest}")
     copy = "mkdir -p /tmp/dspark-e2e/parts && cp .e2e/p*/* /tmp/dspark-e2e/parts/"
     for index in range(count):
-        then = "python3 scripts/e2e-h200 run" if index == count - 1 else "ls -l /tmp/dspark-e2e/parts"
+        then = "python3 -m harness.e2e_h200 run" if index == count - 1 else "ls -l /tmp/dspark-e2e/parts"
         print(f"call {index}: carry ['.e2e/p{index}'], command: {copy} && {then}")
     return 0
 
@@ -171,23 +184,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, executable: bool = False)
     info.size = len(data)
     info.mode = 0o755 if executable else 0o644
     tar.addfile(info, io.BytesIO(data))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _keep_out_of_git(folder: Path) -> None:
-    probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False)
-    if probe.returncode == 1:
-        exclude = REPO / ".git" / "info" / "exclude"
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        with exclude.open("a") as handle:
-            handle.write(f"/{folder.name}/\n")
 
 
 # ----------------------------------------------------------------------------- run (GPU machine)
@@ -209,7 +205,7 @@ def unpack(log) -> dict:
         for part in parts:
             with part.open("rb") as handle:
                 shutil.copyfileobj(handle, out, 1 << 22)
-    if _sha256(joined) != manifest["sha256"]:
+    if common.sha256_file(joined) != manifest["sha256"]:
         raise SystemExit("joined tar: sha256 mismatch")
     _log_run(log, ["tar", "-xJf", str(joined), "-C", str(DEVICE_ROOT)], check=True)
     joined.unlink()
@@ -217,8 +213,16 @@ def unpack(log) -> dict:
         part.unlink()
     deps = DEVICE_ROOT / "deps"
     wheels = sorted(str(p) for p in (DEVICE_ROOT / "wheels").glob("*.whl"))
-    _log_run(log, [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                   "--no-cache-dir", "--upgrade", "--target", str(deps), *wheels], check=True)  # fmt: skip
+    _log_run(
+        log,
+        [
+            sys.executable,
+            *"-m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target".split(),
+            str(deps),
+            *wheels,
+        ],
+        check=True,
+    )
     # The reverted copy: hard links to the unmodified tree, three files replaced.
     rev = DEVICE_ROOT / "vllm-rev"
     _log_run(log, ["cp", "-al", str(DEVICE_ROOT / "vllm-site"), str(rev)], check=True)
@@ -282,31 +286,39 @@ def variant_env(variant: str) -> dict[str, str]:
 def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "engine", "--result", str(result_file),
-               "--model-dir", str(args.model_dir), "--spec-tokens", str(args.spec_tokens),
-               "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-               "--max-tokens", str(args.max_tokens), "--reps", str(args.reps)]  # fmt: skip
+    command = [sys.executable, str(ENGINE), "--result", str(result_file), "--model-dir", str(args.model_dir)]
+    for option in ("spec_tokens", "batch", "prompt_len", "max_tokens", "reps"):
+        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     cache_files_before = sum(1 for _ in (DEVICE_ROOT / "cache").rglob("*"))
     started = time.monotonic()
     with log_file.open("w") as log:
         try:
-            code = subprocess.run(command, cwd=REPO, env=variant_env(variant), stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout, check=False).returncode  # fmt: skip
+            code = subprocess.run(
+                command,
+                cwd=REPO,
+                env=variant_env(variant),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
     text = log_file.read_text(errors="replace")
     data = json.loads(result_file.read_text()) if result_file.is_file() else {}
-    data.update({
-        "label": label,
-        "variant": variant,
-        "cache_files_before": cache_files_before,
-        "exit_code": code,
-        "wall_s": round(time.monotonic() - started, 1),
-        "runtime_errors": sorted(set(re.findall(r"RuntimeError: [^\n]*", text)))[:10],
-        "last_error": _last_error(text),
-        **_log_facts(text, code),
-    })  # fmt: skip
-    result_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    data.update(
+        {
+            "label": label,
+            "variant": variant,
+            "cache_files_before": cache_files_before,
+            "exit_code": code,
+            "wall_s": round(time.monotonic() - started, 1),
+            "runtime_errors": sorted(set(re.findall(r"RuntimeError: [^\n]*", text)))[:10],
+            "last_error": _last_error(text),
+            **_log_facts(text, code),
+        }
+    )
+    common.write_json(result_file, data)
     print(f"[{label}] exit {code} in {data['wall_s']} s; errors: {data['runtime_errors'][:2]}", flush=True)
     if code != 0:
         tail = [line for line in text.splitlines() if line.strip()][-25:]
@@ -341,15 +353,17 @@ def _last_error(text: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    final = Path(args.out or os.environ.get("OUT") or "e2e-out").resolve()
-    final.mkdir(parents=True, exist_ok=True)
+    final = common.output_folder(args.out, "e2e-out")
     # The device tool brings back at most 8 files: work in a folder of our own, and after
     # every phase pack it into one archive under the output folder.
     out = DEVICE_ROOT / "results" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    summary: dict = {"started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "phases": args.phases, "runs": []}  # fmt: skip
+    summary: dict = {
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "phases": args.phases,
+        "runs": [],
+    }
     with (out / "setup.log").open("a") as log:
         summary["unpack"] = unpack(log)
         model_dir = DEVICE_ROOT / "model"
@@ -357,16 +371,16 @@ def run(args: argparse.Namespace) -> int:
         shutil.copy(args.config, model_dir / "config.json")
         summary["model_config"] = json.loads(Path(args.config).read_text())
         args.model_dir = model_dir
-        summary["gpu"] = _query("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
-        summary["nvcc"] = (_query("nvcc", "--version") or "").splitlines()[-1:]
+        summary["gpu"] = common.query(
+            "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
+        )
+        summary["nvcc"] = (common.query("nvcc", "--version") or "").splitlines()[-1:]
 
     def remaining() -> float:
         return deadline - time.monotonic()
 
     def save() -> None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        shutil.copy(out / "summary.json", final / "summary.json")
-        subprocess.run(["tar", "czf", str(final / "results.tgz"), "-C", str(out), "."], check=False)
+        common.save_results(summary, out, final)
 
     summary["cache_restored"] = _restore_cache()
     save()
@@ -385,8 +399,15 @@ def run(args: argparse.Namespace) -> int:
 
 # What summary.json keeps of each engine run (its own JSON has the rest).
 SUMMARY_FIELDS = (
-    "label", "variant", "cache_files_before", "exit_code", "wall_s", "runtime_errors", "last_error", "timed",
-)  # fmt: skip
+    "label",
+    "variant",
+    "cache_files_before",
+    "exit_code",
+    "wall_s",
+    "runtime_errors",
+    "last_error",
+    "timed",
+)
 
 
 def _phases(args: argparse.Namespace, out: Path, summary: dict, save, remaining) -> int:
@@ -471,112 +492,6 @@ def _preflight(out: Path) -> dict:
     return {"failed": failed, "seconds": round(time.monotonic() - started, 1)}
 
 
-def _query(*command: str) -> str | None:
-    if shutil.which(command[0]) is None:
-        return None
-    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
-
-
-# ----------------------------------------------------------------------------- engine (child)
-
-
-def engine(args: argparse.Namespace) -> int:
-    """One engine: start it, warm it up, time prefill-only and full generations, read metrics."""
-    result: dict = {"python_path": os.environ.get("PYTHONPATH"), "dspark_hotfix": os.environ.get("DSPARK_HOTFIX"),
-                    "hybrid_off": os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1"}
-    result_path = Path(args.result)
-
-    def save() -> None:
-        result_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-
-    import random
-
-    import vllm
-    from vllm import LLM, SamplingParams
-
-    result["vllm_file"] = vllm.__file__
-    result["vllm_version"] = getattr(vllm, "__version__", None)
-    result["shim_loaded"] = "dspark_hotfix" in sys.modules
-    save()
-    started = time.monotonic()
-    llm = LLM(
-        model=str(args.model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        kv_cache_dtype="fp8",
-        block_size=256,
-        enforce_eager=True,
-        max_model_len=2048,
-        max_num_seqs=max(args.batch, 8),
-        gpu_memory_utilization=0.5,
-        seed=0,
-        disable_log_stats=False,
-        speculative_config={"method": "dspark", "num_speculative_tokens": args.spec_tokens},
-        disable_hybrid_kv_cache_manager=os.environ.get("DSPARK_E2E_HYBRID_OFF") == "1",
-    )
-    result["engine_start_s"] = round(time.monotonic() - started, 1)
-    save()
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]}
-               for _ in range(args.batch)]  # fmt: skip
-
-    def params(max_tokens: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-
-    def generate(max_tokens: int) -> tuple[float, int, list[list[int]]]:
-        t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params(max_tokens), use_tqdm=False)
-        elapsed = time.perf_counter() - t0
-        ids = [list(o.outputs[0].token_ids) for o in outputs]
-        return elapsed, sum(len(i) for i in ids), ids
-
-    generate(8)  # warm-up
-    before = _spec_metrics(llm)
-    timed = []
-    sample: list[list[int]] = []
-    for _ in range(args.reps):
-        started_at = time.strftime("%H:%M:%S")
-        t_prefill, _, _ = generate(1)
-        t_full, n_tokens, sample = generate(args.max_tokens)
-        decode_tokens = n_tokens - len(prompts)
-        # A kernel compiled during one of the two calls (vLLM logs "JIT compilation during
-        # inference") makes the difference meaningless: then there is no decode rate.
-        decode_s = t_full - t_prefill
-        timed.append({
-            "started": started_at,
-            "prefill_only_s": round(t_prefill, 4),
-            "full_s": round(t_full, 4),
-            "output_tokens": n_tokens,
-            "output_tok_per_s": round(n_tokens / t_full, 1),
-            "decode_tok_per_s": round(decode_tokens / decode_s, 1) if decode_s > 0 else None,
-            "output_ids_sha256": hashlib.sha256(json.dumps(sample).encode()).hexdigest(),
-        })  # fmt: skip
-        result["timed"] = timed
-        save()
-    after = _spec_metrics(llm)
-    result["spec_metrics_timed"] = {
-        k: after.get(k, 0) - before.get(k, 0) for k in after if not isinstance(after[k], list)
-    }
-    result["spec_metrics_total"] = after
-    result["sample_output_token_ids"] = [ids[:24] for ids in sample[:2]]
-    result["ok"] = True
-    save()
-    return 0
-
-
-def _spec_metrics(llm) -> dict:
-    values: dict = {}
-    for metric in llm.get_metrics():
-        name = getattr(metric, "name", "")
-        if not name.startswith(("vllm:spec_decode", "vllm:generation_tokens", "vllm:prompt_tokens")):
-            continue
-        if hasattr(metric, "values"):
-            values[name] = list(metric.values)
-        elif hasattr(metric, "value"):
-            values[name] = values.get(name, 0) + metric.value
-    return values
-
-
 # ----------------------------------------------------------------------------- collect (here)
 
 
@@ -611,7 +526,7 @@ def collect(args: argparse.Namespace) -> int:
     runs = [r for session in data["sessions"] for r in session["runs"]]
     data["ratio"] = _ratio(runs)
     EVIDENCE.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(target, data)
     print(f"wrote {target}; ratio: {json.dumps(data['ratio'])}")
     return 0
 
@@ -640,47 +555,47 @@ def _ratio(runs: list[dict]) -> dict:
     if not rates["fixed"] or not rates["baseline"]:
         return result
     fixed, base = statistics.median(rates["fixed"]), statistics.median(rates["baseline"])
-    result.update({
-        "median_fixed": fixed,
-        "median_baseline": base,
-        "fixed_over_baseline": round(fixed / base, 4),
-        # The same tokens and the same spec-decode counts in every completed engine of both arms.
-        "same_work": len(work["fixed"] | work["baseline"]) == 1 and all(work.values()),
-    })  # fmt: skip
+    result.update(
+        {
+            "median_fixed": fixed,
+            "median_baseline": base,
+            "fixed_over_baseline": round(fixed / base, 4),
+            # The same tokens and the same spec-decode counts in every completed engine of both arms.
+            "same_work": len(work["fixed"] | work["baseline"]) == 1 and all(work.values()),
+        }
+    )
     return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True)
+    parser, steps = common.command_line("e2e_h200", __doc__)
     steps.add_parser("prepare", help="pack vLLM, the reverted files and the wheels into .e2e/p*/").set_defaults(
         func=prepare
     )
     on_gpu = steps.add_parser("run", help="on the GPU machine: unpack, then the engine phases")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
-    on_gpu.add_argument("--phases", default="fixed,bug,baseline,fixed,baseline,fixed",
-                        help="comma-separated variants: bug, fixed, baseline")  # fmt: skip
+    on_gpu.add_argument(
+        "--phases",
+        default="fixed,bug,baseline,fixed,baseline,fixed",
+        help="comma-separated variants: bug, fixed, baseline",
+    )
     on_gpu.add_argument("--budget", type=float, default=560.0, help="seconds for all phases")
     on_gpu.add_argument("--phase-timeout", type=float, default=420.0)
     on_gpu.add_argument("--min-phase", type=float, default=75.0, help="start no phase with less time left")
     on_gpu.add_argument("--stop-on-failure", action="store_true")
     on_gpu.add_argument("--skip-preflight", action="store_true", help="the pack is one a preflight passed")
     on_gpu.add_argument("--config", default=str(MODEL_CONFIG), help="the model's config.json")
-    for sub in (on_gpu, child := steps.add_parser("engine", help="(child) one engine run")):
-        sub.add_argument("--spec-tokens", type=int, default=5)
-        sub.add_argument("--batch", type=int, default=32)
-        sub.add_argument("--prompt-len", type=int, default=128)
-        sub.add_argument("--max-tokens", type=int, default=128)
-        sub.add_argument("--reps", type=int, default=3)
+    # passed on to each engine child (harness/e2e_engine.py)
+    on_gpu.add_argument("--spec-tokens", type=int, default=5)
+    on_gpu.add_argument("--batch", type=int, default=32)
+    on_gpu.add_argument("--prompt-len", type=int, default=128)
+    on_gpu.add_argument("--max-tokens", type=int, default=128)
+    on_gpu.add_argument("--reps", type=int, default=3)
     on_gpu.set_defaults(func=run)
-    child.add_argument("--result", required=True)
-    child.add_argument("--model-dir", required=True)
-    child.set_defaults(func=engine)
     back = steps.add_parser("collect", help="turn results (folders or archives) into docs/evidence/e2e-h200.json")
     back.add_argument("results", nargs="+")
     back.set_defaults(func=collect)
-    args = parser.parse_args()
-    return int(args.func(args))
+    return common.run_step(parser)
 
 
 if __name__ == "__main__":

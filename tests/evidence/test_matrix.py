@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -11,12 +12,17 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.patches import ALL
-from tests.scripts import load_script
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
 def matrix():
-    return load_script("matrix.py")
+    """scripts/matrix.py, a command-line tool (not a package), loaded from its path."""
+    spec = importlib.util.spec_from_file_location("matrix", REPO / "scripts" / "matrix.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_committed_matrix_is_what_the_evidence_gives(matrix):

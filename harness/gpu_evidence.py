@@ -1,15 +1,16 @@
-#!/usr/bin/env python3
 """Run the GPU evidence tier (tests/gpu) against vLLM 0.25.0's real FlashMLA kernel.
 
 Three steps, because the GPU machine has torch but no network and no vLLM:
 
-  scripts/gpu-evidence prepare        here: extract FlashMLA from the vLLM 0.25.0 wheel into .gpu/
-  scripts/gpu-evidence run [--out D]  on the GPU machine, from the repository root:
-                                      pytest -m gpu, results into D (default $OUT)
-  scripts/gpu-evidence collect D      here: D's results -> docs/evidence/gpu-h200.{json,md}
+  python3 -m harness.gpu_evidence prepare
+      here: extract FlashMLA from the vLLM 0.25.0 wheel into .gpu/
+  python3 -m harness.gpu_evidence run [--out D]
+      on the GPU machine, from the repository root: pytest -m gpu, results into D (default $OUT)
+  python3 -m harness.gpu_evidence collect D
+      here: D's results -> docs/evidence/gpu-h200.{json,md}
 
 Between prepare and run, copy the checkout with its ignored .gpu/ folder to the GPU
-machine (with this workplace's device tool: command `scripts/gpu-evidence run`,
+machine (with this workplace's device tool: command `python3 -m harness.gpu_evidence run`,
 carry [".gpu"]), then bring D back. Standard library only; any Python 3.9+.
 """
 
@@ -17,21 +18,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import common
+from harness.common import EVIDENCE, REPO
+
 VLLM_VERSION = "0.25.0"
 WHEEL_MEMBER = "vllm/_flashmla_C.abi3.so"
 STAGE = REPO / ".gpu"
 WHEEL_CACHE = Path(os.environ.get("DSPARK_WHEEL_CACHE", Path.home() / ".cache" / "dspark-hotfix" / "wheels"))
-EVIDENCE = REPO / "docs" / "evidence"
 RESULTS_NAME = "gpu-h200.json"
 
 
@@ -43,48 +43,46 @@ def prepare(_: argparse.Namespace) -> int:
         # machine is; the wheel is abi3, so any CPython tag resolves it.
         platforms = ["manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64"]
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps",
-             "--only-binary=:all:", "--python-version", "3.12", "-d", str(WHEEL_CACHE),
-             *[arg for p in platforms for arg in ("--platform", p)]],
+            [
+                sys.executable,
+                *"-m pip download".split(),
+                f"vllm=={VLLM_VERSION}",
+                *"--no-deps --only-binary=:all: --python-version 3.12 -d".split(),
+                str(WHEEL_CACHE),
+                *[arg for p in platforms for arg in ("--platform", p)],
+            ],
             check=True,
-        )  # fmt: skip
+        )
         wheels = sorted(WHEEL_CACHE.glob(f"vllm-{VLLM_VERSION}-*x86_64.whl"))
     wheel = wheels[-1]
     STAGE.mkdir(exist_ok=True)
     library = STAGE / Path(WHEEL_MEMBER).name
     with zipfile.ZipFile(wheel) as archive:
         library.write_bytes(archive.read(WHEEL_MEMBER))
-    digest = hashlib.sha256(library.read_bytes()).hexdigest()
+    digest = common.sha256_file(library)
     (STAGE / "SOURCE.json").write_text(
         json.dumps({"wheel": wheel.name, "member": WHEEL_MEMBER, "sha256": digest}, indent=2) + "\n"
     )
-    _keep_out_of_git(STAGE)
+    common.keep_out_of_git(STAGE)
     print(f"{library.relative_to(REPO)}  sha256 {digest}\n  from {wheel}")
-    print("next, on the GPU machine with .gpu/ carried along: scripts/gpu-evidence run")
+    print("next, on the GPU machine with .gpu/ carried along: python3 -m harness.gpu_evidence run")
     return 0
 
 
-def _keep_out_of_git(folder: Path) -> None:
-    probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False)
-    if probe.returncode == 1:
-        exclude = REPO / ".git" / "info" / "exclude"
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        with exclude.open("a") as handle:
-            handle.write(f"/{folder.name}/\n")
-
-
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out or os.environ.get("OUT") or "gpu-evidence-out").resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = common.output_folder(args.out, "gpu-evidence-out")
     results = out / RESULTS_NAME
     env = dict(os.environ, DSPARK_GPU_EVIDENCE_JSON=str(results), PYTHONUNBUFFERED="1")
     if (STAGE / "_flashmla_C.abi3.so").is_file():
         env.setdefault("DSPARK_FLASHMLA_LIB", str(STAGE / "_flashmla_C.abi3.so"))
-    print(_nvidia_smi() or "nvidia-smi: not available", flush=True)
+    print(common.query("nvidia-smi") or "nvidia-smi: not available", flush=True)
     # addopts are cleared so that project-wide options meant for the CPU CI (coverage,
     # marker filters) cannot hide or break the GPU tier on a bare machine.
-    command = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-v", "-rs",
-               "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={out / 'junit.xml'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        *"-m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider -o addopts=".split(),
+        f"--junitxml={out / 'junit.xml'}",
+    ]
     started = datetime.datetime.now(datetime.timezone.utc)
     with (out / "pytest.log").open("w") as log:
         process = subprocess.Popen(
@@ -97,29 +95,22 @@ def run(args: argparse.Namespace) -> int:
         code = process.wait()
     data = json.loads(results.read_text()) if results.is_file() else {"environment": {}, "results": {}, "tests": {}}
     data["run"] = {
-        "command": "scripts/gpu-evidence run",
+        "command": "python3 -m harness.gpu_evidence run",
         "pytest": " ".join(command[1:]),
         "pytest_exit_code": code,
         "started_utc": started.isoformat(timespec="seconds"),
         "driver": _driver_version(),
         "flashmla_source": _stage_source(),
     }
-    results.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(results, data)
     if code == 0 and not any(t["outcome"] == "passed" for t in data["tests"].values()):
         print("no GPU test ran (see the skip reasons above): this is no evidence", file=sys.stderr)
         return 1
     return code
 
 
-def _nvidia_smi(*args: str) -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    query = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=False)
-    return query.stdout.strip() or None
-
-
 def _driver_version() -> str | None:
-    return _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    return common.query("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
 
 
 def _stage_source() -> dict[str, str] | None:
@@ -130,7 +121,7 @@ def _stage_source() -> dict[str, str] | None:
 def collect(args: argparse.Namespace) -> int:
     data = json.loads((Path(args.results) / RESULTS_NAME).read_text())
     EVIDENCE.mkdir(parents=True, exist_ok=True)
-    (EVIDENCE / RESULTS_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    common.write_json(EVIDENCE / RESULTS_NAME, data)
     (EVIDENCE / "gpu-h200.md").write_text(render(data))
     print(f"wrote {EVIDENCE / RESULTS_NAME} and {EVIDENCE / 'gpu-h200.md'}")
     failed = [k for k, v in data["tests"].items() if v["outcome"] == "failed"]
@@ -143,10 +134,10 @@ def render(data: dict) -> str:
     lines = [
         "# GPU evidence: FlashMLA on the SWA KV layouts (NVIDIA H200)",
         "",
-        "Generated by `scripts/gpu-evidence collect` from the results of `scripts/gpu-evidence run`;",
-        f"raw numbers in [{RESULTS_NAME}]({RESULTS_NAME}). Re-run: `scripts/gpu-evidence prepare`, then",
-        "`scripts/gpu-evidence run` on a machine with the GPU (carrying `.gpu/`), then",
-        "`scripts/gpu-evidence collect <its output folder>`.",
+        "Generated by `python3 -m harness.gpu_evidence collect` from the results of",
+        f"`python3 -m harness.gpu_evidence run`; raw numbers in [{RESULTS_NAME}]({RESULTS_NAME}). Re-run:",
+        "`python3 -m harness.gpu_evidence prepare`, then `python3 -m harness.gpu_evidence run` on a machine",
+        "with the GPU (carrying `.gpu/`), then `python3 -m harness.gpu_evidence collect <its output folder>`.",
         "",
         "## Setup",
         "",
@@ -268,8 +259,7 @@ def render(data: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    steps = parser.add_subparsers(dest="step", required=True)
+    parser, steps = common.command_line("gpu_evidence", __doc__)
     steps.add_parser("prepare", help="extract FlashMLA from the vLLM wheel into .gpu/").set_defaults(func=prepare)
     on_gpu = steps.add_parser("run", help="on the GPU machine: run tests/gpu, write results")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
@@ -277,8 +267,7 @@ def main() -> int:
     back = steps.add_parser("collect", help="turn a results folder into docs/evidence/gpu-h200.{json,md}")
     back.add_argument("results")
     back.set_defaults(func=collect)
-    args = parser.parse_args()
-    return int(args.func(args))
+    return common.run_step(parser)
 
 
 if __name__ == "__main__":
