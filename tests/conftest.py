@@ -171,7 +171,6 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     ``(old, new)`` replacements; each must apply somewhere, so a change to the
     stand-in cannot silently turn a fault into no fault.
     """
-    import shutil
 
     shutil.copytree(STANDIN, root, ignore=shutil.ignore_patterns("__pycache__"))
     for rel, replacements in edits.items():
@@ -219,7 +218,6 @@ def listing(root: Path) -> dict[str, tuple[int, int]]:
 
 def copy_of_shim(root: Path) -> Path:
     """The shim as an operator deploys it from a checkout: ``dspark_hotfix/`` and ``sitecustomize.py``."""
-    import shutil
 
     root.mkdir(parents=True)
     shutil.copytree(REPO / "dspark_hotfix", root / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
@@ -240,15 +238,25 @@ def fixed_standin(tmp_path):
     return edited_standin(tmp_path / "standin", FIXED)
 
 
+SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
+SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
+
+
 @pytest.fixture
 def broken_standin(tmp_path):
     """A copy of the stand-in whose SWA method has another signature."""
-    root = tmp_path / "standin"
-    shutil.copytree(STANDIN, root)
-    swa = root / "vllm/v1/attention/backends/mla/sparse_swa.py"
-    swa.write_text(swa.read_text().replace("def get_kv_cache_spec(self, vllm_config)",
-                                           "def get_kv_cache_spec(self, vllm_config, layer_idx=0)"))
-    return root
+    return edited_standin(tmp_path / "standin", {SWA_FILE: SWA_SIGNATURE})
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> dict[str, Path]:
+    """The stand-in as the reported build, fixed, and with the SWA method's signature changed."""
+    root = tmp_path_factory.mktemp("standins")
+    return {
+        "buggy": STANDIN,
+        "fixed": edited_standin(root / "fixed", FIXED),
+        "changed signature": edited_standin(root / "signature", {SWA_FILE: SWA_SIGNATURE}),
+    }
 
 
 # The wheel installed in a fresh venv, as an image would install it (both activation paths,

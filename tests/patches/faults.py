@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.conftest import edited_standin
+from tests.conftest import SWA_FILE, edited_standin
 
 SWA, ATTENTION, REMAP, LOAD = "swa_kv_cache_spec", "attention_kv_cache_spec", "remap_dspark_name", "draft_load_coverage"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
 ATTN = "vllm/models/deepseek_v4/attention.py"
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
 KVI = "vllm/v1/kv_cache_interface.py"
 
 # What the driver calls for each patch: the outputs that must match vLLM as shipped.

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
-    FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
@@ -32,8 +31,6 @@ STARTUP = REPO / "dspark_hotfix" / "startup"  # holds only sitecustomize.py
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
 SWA = "swa_kv_cache_spec"
 GUARDS = ("draft_load_coverage", "kv_view_guard")
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
-SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
 NO_QUANT_MODE = {"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]}
 RESHAPE_SIGNATURE = {"vllm/v1/worker/gpu/attn_utils.py": [("kv_cache_config=None\n",
                                                           "kv_cache_config=None, layer_map=None\n")]}
@@ -59,16 +56,6 @@ def states(report: dict) -> dict[str, str]:
 def hooks(standin: Path, env: dict[str, str] | None = None) -> dict[str, dict]:
     """status() rows in a process whose sitecustomize activated the shim, after vLLM imported every target."""
     return last_json(run_python(IMPORT_ALL + STATUS, path=(REPO, standin), env=env).stdout)
-
-
-@pytest.fixture(scope="module")
-def standins(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("standins")
-    return {
-        "buggy": STANDIN,
-        "fixed": edited_standin(root / "fixed", FIXED),
-        "changed signature": edited_standin(root / "signature", {SWA_FILE: SWA_SIGNATURE}),
-    }
 
 
 @pytest.fixture

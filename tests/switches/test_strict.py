@@ -8,13 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dspark_hotfix import config
 from tests.conftest import (
-    FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
@@ -130,20 +128,6 @@ def test_strict_remedy_names_only_commands_that_exist(tmp_path):
         help_run = run_python(f"import sys; sys.argv = ['dspark-hotfix', {command!r}, '--help']\n"
                               "from dspark_hotfix.cli import main; main()", path=(REPO,), check=False)
         assert help_run.returncode == 0, f"the remedy names `dspark-hotfix {command}`, which does not exist"
-
-
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
-SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
-
-
-@pytest.fixture(scope="module")
-def standins(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("standins")
-    return {
-        "buggy": STANDIN,
-        "fixed": edited_standin(root / "fixed", FIXED),
-        "changed signature": edited_standin(root / "signature", {SWA_FILE: SWA_SIGNATURE}),
-    }
 
 
 RETRY = """
