@@ -17,7 +17,7 @@ image), except :class:`~dspark_hotfix.HotfixError` in strict mode.
 import os
 import sys
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 __all__ = ["HotfixError", "__version__", "install", "status"]
 
 ENABLE = "DSPARK_HOTFIX"
