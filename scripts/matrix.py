@@ -39,7 +39,6 @@ H200_ARMS = {
     "shim-hma-off": ("0.25.0", "off", "with (launcher)"),
 }
 KINDS = ("API server", "engine core", "tensor-parallel worker")
-REPORTED = "kv must have shape"
 
 
 def states_of(line: str) -> tuple[str, dict[str, str]]:
@@ -57,7 +56,7 @@ def cpu_cell(arm: dict) -> str:
         error = arm["error"]
         name = error["type"].rsplit(".", 1)[-1]
         return f"stops: `{name}: {error['message'].split(':', 1)[0]}`" if name == "HotfixError" else f"`{name}`"
-    views = {layer["view"]["bytes_per_token"] for name, layer in arm["layers"].items() if layer["kind"] == "swa"}
+    views = {layer["view"]["bytes_per_token"] for layer in arm["layers"].values() if layer["kind"] == "swa"}
     return (
         "SWA view "
         + "/".join(str(v) for v in sorted(views))
