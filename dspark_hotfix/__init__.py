@@ -28,9 +28,11 @@ chained = None  # what chain() imported at start-up: {"file": ...} or {"error": 
 
 
 def say(text):
-    """A line on stderr, where there is one: ``2>&-`` leaves none, and start-up goes on without it."""
-    if sys.stderr is not None:
+    """A line on stderr, where it can be written; start-up goes on without it."""
+    try:
         sys.stderr.write(text + "\n")
+    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
+        pass
 
 
 def shown(raw, limit=60):

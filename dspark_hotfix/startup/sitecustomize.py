@@ -22,11 +22,12 @@ try:
             from dspark_hotfix import boot
         finally:
             sys.path.remove(root)
-except Exception as exc:  # never break interpreter start (nor write to a stderr that 2>&- closed)
-    sys.stderr is None or sys.stderr.write(
-        f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
-        f"install it into this interpreter from a checkout or a wheel built from one: "
-        f"{sys.executable} -m pip install PATH\n"
-    )
+except Exception as exc:  # never break interpreter start, whatever stderr does
+    try:
+        sys.stderr.write(f"dspark_hotfix: not active: {sys.executable} cannot import the package "
+                         f"({type(exc).__name__}: {exc}); install it into this interpreter "
+                         f"from a checkout or a wheel built from one: {sys.executable} -m pip install PATH\n")
+    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone
+        pass
 else:
     boot(__file__)

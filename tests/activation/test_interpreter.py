@@ -1,6 +1,6 @@
 """The interpreter and host the shim starts in, in real subprocesses: flags that skip it (-S, -E, -I)
-or keep it (-P, PYTHONSAFEPATH), read-only files, no HOME, no (or a broken) wrapt, stderr closed, and what
-start-up imports where vLLM is never imported.
+or keep it (-P, PYTHONSAFEPATH), read-only files, no HOME, no (or a broken) wrapt, stderr closed or raising on
+write, and what start-up imports where vLLM is never imported.
 
 Strict mode without a usable wrapt is in tests/switches/test_strict.py; other sitecustomize files and two
 shims are in test_sitecustomize.py.
@@ -166,3 +166,23 @@ def test_with_stderr_closed_interpreter_start_goes_on(value):
     proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}" 2>&-'], env=env, capture_output=True,
                           text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
+
+
+@pytest.mark.parametrize("stderr", ["read-only", "broken pipe"])
+@pytest.mark.parametrize(("switch", "package"), [("", True), ("disabled", True), (None, False)],
+                         ids=["empty switch", "malformed switch", "no package"])
+def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(tmp_path, switch, package, stderr):
+    # Each case writes a line on stderr at start-up; a write that raised there ended every process.
+    startup = REPO / "dspark_hotfix" / "startup"
+    if not package:  # the start-up directory alone: the package is not two directories up
+        startup = tmp_path / "a" / "b" / "c"
+        startup.mkdir(parents=True)
+        shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", startup / "sitecustomize.py")
+    env = clean_env(PYTHONPATH=str(startup), **({} if switch is None else {"DSPARK_HOTFIX": switch}))
+    read, write = os.pipe()
+    os.close(read)  # a pipe whose reader has gone: a write raises BrokenPipeError
+    with open(os.devnull) if stderr == "read-only" else open(write, "w", closefd=False) as err:
+        proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, stdout=subprocess.PIPE, stderr=err,
+                              text=True, timeout=60)
+    os.close(write)
+    assert (proc.returncode, proc.stdout) == (0, "ran\n")
