@@ -147,7 +147,7 @@ class ActivatingLoader:
             except (AttributeError, TypeError):
                 pass
         try:
-            start(self.watcher.source)
+            start(self.watcher.source, now=True)
         finally:
             self.watcher.done = True
         self.loader.exec_module(module)
@@ -161,11 +161,13 @@ class ActivatingLoader:
         setattr(self.loader, name, value)
 
 
-def start(source):
+def start(source, now=False):
     """Activate the registry now if vLLM is imported already (by an earlier
-    sitecustomize, a .pth, or vLLM's plugin loader), else watch for it."""
+    sitecustomize, a .pth, or vLLM's plugin loader), or ``now`` is asked, else
+    watch for it. The watcher's loader asks ``now``: the module it runs is
+    vLLM's even outside ``sys.modules`` (a version probe's ``exec_module``)."""
     try:
-        if enabled() and "vllm" in sys.modules:
+        if enabled() and (now or "vllm" in sys.modules):
             from dspark_hotfix import registry
 
             registry.activate(source)

@@ -8,7 +8,7 @@ The coexistence tier (tests/coexist) runs the real tools on real vLLM.
 
 from __future__ import annotations
 
-from tests.conftest import IMPORT_ALL, STATUS, last_json, patch_names, run_python
+from tests.conftest import IMPORT_ALL, STATUS, last_json, patch_names, run_python, summary_lines
 
 ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
 
@@ -65,6 +65,20 @@ print(json.dumps([type(spec.loader).__name__] + [
 """ + IMPORT_ALL + STATUS)
     assert proc.stdout.splitlines()[0] == '["ActivatingLoader", true, true, true, true]', proc.stderr
     assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_vllm_executed_from_its_spec_outside_sys_modules_leaves_the_import_after_it_patched():
+    # A version probe runs vLLM's package module without importing it: the real import follows.
+    proc = run_python("""
+import importlib.util as u
+s = u.find_spec("vllm")
+m = u.module_from_spec(s)
+s.loader.exec_module(m)
+print(m.__version__)
+""" + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0].startswith("0.23.1rc1"), proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+    assert len(summary_lines(proc.stderr)) == 1, proc.stderr
 
 
 def test_the_loaders_are_put_back_only_where_they_still_point_at_the_proxy():
