@@ -191,18 +191,19 @@ def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
-    Pythons ship their own. Every entry whose ``sitecustomize.py`` is our very
-    file (a symlinked directory, or a checkout root's link to it, too) is taken
-    off ``sys.path`` for the import and put back where it was, keeping what the
-    shadowed one changed (images extend ``sys.path`` there); errors are reported
-    the way ``site`` reports its own sitecustomize's, start-up goes on, and
-    ``chained`` records what happened.
+    Pythons ship their own. Every entry whose ``sitecustomize.py`` (``.pyc`` in
+    a sourceless image) is our very file (a symlinked directory, or a checkout
+    root's link to it, too) is taken off ``sys.path`` for the import and put
+    back where it was, keeping what the shadowed one changed (images extend
+    ``sys.path`` there); errors are reported the way ``site`` reports its own
+    sitecustomize's, start-up goes on, and ``chained`` records what happened.
     """
     global chained
     ours = sys.modules.pop("sitecustomize", None)
+    name = os.path.basename(sitecustomize_file)  # sitecustomize.pyc where an image keeps no sources
     # samefile compares two stats; realpath would walk every path component in Python code.
-    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.isfile(os.path.join(p, "sitecustomize.py"))
-             and os.path.samefile(os.path.join(p, "sitecustomize.py"), sitecustomize_file)]
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.isfile(os.path.join(p, name))
+             and os.path.samefile(os.path.join(p, name), sitecustomize_file)]
     for i, _ in reversed(taken):
         del sys.path[i]
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -165,3 +166,16 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
     assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
                          f"{sys.executable} -m pip install PATH")
+
+
+def test_a_sourceless_install_chains_the_image_sitecustomize_once(tmp_path, shadowed):
+    # Slim images compile to legacy .pyc files (compileall -b) and delete the sources.
+    shim = copy_of_shim(tmp_path / "shim")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-b", str(shim)], check=True)
+    for source in shim.rglob("*.py"):
+        source.unlink()
+    other = shadowed("print('image sitecustomize ran')\n")
+    code = "print('ran'); import sys; print(sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))"
+    proc = run_python(code, path=(shim / "dspark_hotfix" / "startup", other), check=False)
+    assert proc.returncode == 0 and "RecursionError" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["image sitecustomize ran", "ran", "1"]
