@@ -34,7 +34,7 @@ def main() -> None:
     repo = str(Path(__file__).resolve().parent.parent)
     sys.path.insert(0, repo)
     start = time.perf_counter()
-    from dspark_hotfix import registry, says
+    from dspark_hotfix import registry
 
     registry.activate("bench")
     activation = time.perf_counter() - start
@@ -48,7 +48,7 @@ def main() -> None:
         "watcher": per_call_ns(watcher.find_spec, "vllm.some.module"),
         "wrapt": per_call_ns(wrapt_finder.find_spec, "vllm.some.module"),
     }
-    states = {row["name"]: row["state"] for row in says.status()["patches"]}
+    states = {row["name"]: row["state"] for row in registry.status()["patches"]}
     print(json.dumps({
         "modules": modules, "activation_s": activation, "find_spec_ns": finders, "states": states,
         "top_level": top_level, "path_entry_ns": per_call_ns(path_entry.find_spec, "some_module"),

@@ -146,10 +146,8 @@ class ActivatingLoader:
                     setattr(owner, name, self.loader)
             except (AttributeError, TypeError):
                 pass
-        try:
-            start(self.watcher.source, now=True)
-        finally:
-            self.watcher.done = True
+        start(self.watcher.source, now=True)
+        self.watcher.done = True  # not after an interrupt: the retried import activates
         self.loader.exec_module(module)
 
     def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
@@ -174,7 +172,7 @@ def start(source, now=False):
         elif enabled() and not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
             sys.meta_path.insert(0, VllmImportWatcher(source))  # unless one (of any copy of this module) is there
     except Exception as exc:
-        if type(exc).__name__ == "HotfixError":  # strict mode: vLLM stops here
+        if type(exc).__name__ == "HotfixError":  # strict mode: the import of vLLM, or its plugin loader, fails
             raise
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
@@ -224,7 +222,7 @@ def chain(sitecustomize_file):
 
 def __getattr__(name):
     if name in ("HotfixError", "install", "status"):
-        from dspark_hotfix import registry, says
+        from dspark_hotfix import registry
 
-        return getattr(says if name == "status" else registry, name)
+        return getattr(registry, name)
     raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import dspark_hotfix
-from dspark_hotfix import ENABLE
+from dspark_hotfix import ENABLE, state
 
 EPILOG = """\
 environment:
@@ -20,13 +20,7 @@ environment:
   DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these)
   DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied stops vLLM
 
-exit status of doctor and status:
-  0  the fix is active where it is needed
-  1  a problem: a patch failed, a target is not importable, a malformed
-     switch, no activation path, the shim switched off where it is needed
-  2  usage error
-  3  not needed on this vLLM (fixed upstream): the shim is a no-op, removable
-"""
+""" + state.EXIT_CODES
 
 
 def startup_dir() -> str:
@@ -178,15 +172,12 @@ def install_hint(python: str) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from dspark_hotfix import doctor
 
-    report = doctor.verdict(doctor.report("status"))
+    report = doctor.report("status")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        for row in report["patches"]:
-            print(f"{row['name']:<24} {row['state']:<11} corrections={row['corrections']}  {row['detail']}")
-        print(f"activated by: {report['activated_by'] or 'nothing'} (pid {report['pid']})")
-        for problem in report["problems"]:
-            print(f"PROBLEM  {problem}")
+        print(f"activated by  {report['activated_by'] or 'nothing'} (pid {report['pid']})")
+        print(doctor.render_state(report))
     return int(report["exit_code"])
 
 
@@ -220,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("status", help="import vLLM's target modules here and show what the hotfix does to them",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help="one JSON object (schema 1)")
-    p.add_argument("--import-targets", action="store_true", help="what status always does now (kept for scripts)")
+    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("doctor", help="will the fix be active where it is needed? (see exit status)",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help="one JSON object (schema 1)")
+    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
     p.set_defaults(func=cmd_doctor)
     args = parser.parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     return int(args.func(args))

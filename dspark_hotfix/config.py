@@ -9,10 +9,12 @@ warning is printed by every process of a serving image.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 
 from dspark_hotfix import ENABLE, TRUE_WORDS, shown, switch_problem
+from dspark_hotfix.patches import ALL
 
 PATCHES = "DSPARK_HOTFIX_PATCHES"
 STRICT = "DSPARK_HOTFIX_STRICT"
@@ -20,7 +22,16 @@ STRICT = "DSPARK_HOTFIX_STRICT"
 # The wrapt releases the tests run: 1.17.3 (what the Dockerfile installs) and the newest 2.x.
 WRAPT_RANGE = "1.17 to 2.x"
 
-__all__ = ["ENABLE", "PATCHES", "STRICT", "Settings"]
+__all__ = ["ENABLE", "PATCHES", "STRICT", "Settings", "settings"]
+
+
+def wrapt_supported(version: str) -> bool:
+    """Whether ``version`` is in WRAPT_RANGE."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (1, 17) and major < 3
 
 
 def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:
@@ -53,3 +64,9 @@ class Settings:
         self.problems = [p for p in (switch_problem(ENABLE, env.get(ENABLE), "the shim is OFF"),
                                      switch_problem(STRICT, env.get(STRICT), "strict mode is off"),
                                      selection_problem) if p]
+
+
+@functools.cache
+def settings() -> Settings:
+    """This process's switches, read once."""
+    return Settings(p.name for p in ALL)

@@ -19,14 +19,11 @@ import sys
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, registry, says
+from dspark_hotfix import config, registry, state
 from dspark_hotfix.patches import ALL
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "dspark_hotfix"
-
-OK, PROBLEM, USAGE, NOT_NEEDED = 0, 1, 2, 3
-EXIT = {"fixing": OK, "guarding": OK, "removable": NOT_NEEDED}  # says.verdict's words; any other: PROBLEM
 
 
 def version_of(dist: str) -> str | None:
@@ -34,15 +31,6 @@ def version_of(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def wrapt_supported(version: str) -> bool:
-    """Whether ``version`` is in ``config.WRAPT_RANGE`` (1.17 to 2.x)."""
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (1, 17) and major < 3
 
 
 def cut(text: str, limit: int = 200) -> str:
@@ -132,24 +120,11 @@ def _plugin() -> tuple[dict[str, Any], list[str]]:
             "active": visible and allowed}, problems
 
 
-def row_problems(rows: list[dict[str, Any]]) -> list[str]:
-    """What the registry's rows say is wrong: the one reading of states that status and doctor share."""
-    problems = [f"{row['name']}: {row['detail']}" for row in rows if row["state"] in (registry.FAILED,
-                                                                                      registry.PENDING)]
-    problems += [f"{row['name']} is needed but excluded by {config.PATCHES}" for row in rows
-                 if row["state"] == registry.EXCLUDED and row["needed"] is not False]
-    off = [row["name"] for row in rows if row["state"] == registry.DISABLED and row["needed"] is not False]
-    if off:
-        problems.append(f"{', '.join(off)} needed but {config.ENABLE}={os.environ.get(config.ENABLE)!r} turns "
-                        "the shim off")
-    return problems
-
-
 def report(source: str) -> dict[str, Any]:
     """Import vLLM's target modules in this process with the registry active (with
     ``DSPARK_HOTFIX`` off it judges every patch and applies none), and read its
     rows: ``status`` prints this, ``doctor`` adds the serving environment."""
-    problems = list(config.Settings(p.name for p in ALL).problems)
+    problems = list(config.settings().problems)
     version = None
     # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
@@ -165,10 +140,17 @@ def report(source: str) -> dict[str, Any]:
                 except Exception as exc:
                     problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
-    out = says.status()
+    out = registry.status()
     out["vllm"] = version
-    out["problems"] = problems + (row_problems(out["patches"]) if version else [])
-    return out
+    return finish(out, problems)
+
+
+def finish(report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """The report with the problems found beside the registry's: any problem makes the verdict ``problem``."""
+    report["problems"] = list(dict.fromkeys(problems + report["problems"]))
+    report["verdict"] = "problem" if report["problems"] else report["verdict"]
+    report["exit_code"] = state.exit_code(report)
+    return report
 
 
 def diagnose() -> dict[str, Any]:
@@ -178,7 +160,7 @@ def diagnose() -> dict[str, Any]:
     site = _sitecustomize(entries, out["activated_by"])
     plugin, plugin_problems = _plugin()
     wrapt_version = version_of("wrapt")
-    problems = out["problems"] + plugin_problems
+    problems = plugin_problems
     warnings = pythonpath_warnings(entries, site)
     # A tool's wrapper (opentelemetry-instrument) put its sitecustomize ahead of ours: a problem
     # where that leaves no activation path, else a warning.
@@ -192,35 +174,22 @@ def diagnose() -> dict[str, Any]:
         versions={"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt_version, "vllm": out.pop("vllm")},
         switches={"enabled": dspark_hotfix.enabled(), "strict": out["strict"],
                   "patches": cut_or_none(os.environ.get(config.PATCHES))},
-        warnings=warnings, problems=problems,
+        warnings=warnings,
     )
     if out["versions"]["vllm"] and dspark_hotfix.enabled() and any(
-            row["needed"] is not False and row["state"] != registry.EXCLUDED for row in out["patches"]):
+            row["needed"] is not False and row["state"] != state.EXCLUDED for row in out["patches"]):
         if not (site["ours"] or plugin["active"]):
             problems.append(ahead or "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use "
                             "`dspark-hotfix run`), or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
         if wrapt_version is None:
             problems.append(f"wrapt is not installed for {sys.executable}: {sys.executable} -m pip install "
                             "wrapt==1.17.3")
-        elif not wrapt_supported(wrapt_version):
+        elif not config.wrapt_supported(wrapt_version):
             problems.append(f"wrapt {wrapt_version} is not one the shim is tested with ({config.WRAPT_RANGE}): "
                             "install e.g. wrapt==1.17.3")
     if ahead and ahead not in problems:
         warnings.append(ahead)
-    return verdict(out)
-
-
-def evaluate(report: dict[str, Any]) -> int:
-    """The exit code for a report's problems and the registry's verdict (also ``status``'s)."""
-    return PROBLEM if report["problems"] else EXIT.get(report["verdict"], PROBLEM)
-
-
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """The registry's verdict, unless the report found a problem: then ``problem``."""
-    report["problems"] = list(dict.fromkeys(report["problems"]))
-    code = evaluate(report)
-    report.update(verdict=report["verdict"] if code != PROBLEM else "problem", exit_code=code)
-    return report
+    return finish(out, problems)
 
 
 def _chained(chained: dict[str, Any] | None) -> str:
@@ -229,17 +198,6 @@ def _chained(chained: dict[str, Any] | None) -> str:
     if "error" in chained:
         return f", chained one that failed: {chained['error']}"
     return f", chained {chained['file']}"
-
-
-# One wording for the line's verdict, doctor's and the docs' (README "When to remove it").
-WORDS = {
-    "fixing": "fixing: this vLLM has the reported bug; the fix will be active where it is needed",
-    "guarding": "guarding: the reported bug is fixed upstream in this vLLM; what the shim still adds is the early, "
-                "clear stop for DeepSeek-V4 with the hybrid KV cache manager off (kv_cache_groups); removable once "
-                "the fleet runs a vLLM where this says removable (0.28.0 on)",
-    "removable": "removable: this vLLM needs none of the patches; the shim is a no-op here and can be removed",
-    "problem": "PROBLEM: the fix will not be active where it is needed",
-}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -254,9 +212,14 @@ def render(report: dict[str, Any]) -> str:
         + ("allowed" if plugin["allowed"] else f"not allowed by VLLM_PLUGINS={plugin['vllm_plugins']}"),
         f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, dspark_hotfix {versions['dspark_hotfix']}",
     ]
-    for row in report["patches"]:
-        lines.append(f"patch         {row['name']}: {row['state']}: {row['detail']}")
     lines += [f"WARNING       {w}" for w in report["warnings"]]
+    return "\n".join([*lines, render_state(report)])
+
+
+def render_state(report: dict[str, Any]) -> str:
+    """The rows, the problems and the verdict: the end of status's text and of doctor's."""
+    lines = [f"patch         {row['name']}: {row['state']}: {row['detail']}" for row in report["patches"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
-    lines.append(f"verdict       {WORDS[report['verdict']]} (exit {report['exit_code']})")
+    verdict = report["verdict"]
+    lines.append(f"verdict       {verdict}: {state.VERDICTS[verdict]} (exit {report['exit_code']})")
     return "\n".join(lines)

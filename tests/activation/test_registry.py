@@ -7,7 +7,10 @@ from __future__ import annotations
 import ast
 import json
 
+import pytest
+
 from tests.conftest import (
+    ALL_PATCHED,
     IMPORT_ALL,
     IS_ORIGINAL,
     PATCHES,
@@ -17,8 +20,10 @@ from tests.conftest import (
     TARGETS,
     WRAP_DEPTH,
     json_lines,
+    last_json,
     patch_names,
     run_python,
+    state_of,
     summary_lines,
 )
 
@@ -121,3 +126,29 @@ def test_double_install_is_idempotent():
     assert originals == [False] * len(PATCHES)
     assert len(summary_lines(proc.stderr)) == 1
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
+
+
+INTERRUPTED = """
+import json, wrapt
+real, calls = wrapt.register_post_import_hook, []
+def interrupted(hook, name):  # Ctrl-C lands while the shim registers its third hook
+    calls.append(name)
+    if len(calls) == 3:
+        raise KeyboardInterrupt
+    return real(hook, name)
+wrapt.register_post_import_hook = interrupted
+try:
+    import vllm
+except KeyboardInterrupt:
+    print("interrupted")
+wrapt.register_post_import_hook = real
+"""
+
+
+@pytest.mark.parametrize("retry", ["import vllm\n", "import vllm, dspark_hotfix\ndspark_hotfix.install()\n"])
+def test_an_interrupt_during_activation_leaves_none_and_the_retry_activates_whole(retry):
+    proc = run_python(INTERRUPTED + retry + IMPORT_ALL + STATUS)
+    assert proc.stdout.splitlines()[0] == "interrupted"
+    rows = last_json(proc.stdout)
+    assert {name: row["state"] for name, row in rows.items()} == dict.fromkeys(rows, "patched")  # type: ignore[union-attr]
+    assert [state_of(line) for line in summary_lines(proc.stderr)] == [ALL_PATCHED]

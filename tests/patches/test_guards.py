@@ -75,7 +75,7 @@ def test_view_guard_waits_for_the_spec_patches_when_the_runner_is_imported_first
     code = "import vllm.v1.worker.gpu.attn_utils\n" + STATUS + "\n" + TARGETS + STATUS
     first, then = (__import__("json").loads(line) for line in run_python(code).stdout.strip().splitlines()[-2:])
     assert first["kv_view_guard"]["state"] == "pending"
-    assert "and the verdicts of attention_kv_cache_spec" in first["kv_view_guard"]["detail"]
+    assert "and the patches it guards (attention_kv_cache_spec" in first["kv_view_guard"]["detail"]
     assert then["kv_view_guard"]["state"] == "patched"
 
 

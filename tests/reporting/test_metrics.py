@@ -20,8 +20,10 @@ from tests.conftest import (
     IMPORT_ALL,
     REPO,
     STANDIN,
+    child,
     edited_standin,
     json_lines,
+    last_json,
     patch_names,
     run_python,
     warning_lines,
@@ -110,7 +112,8 @@ def test_a_failure_in_the_metrics_path_warns_once_and_vllm_runs_patched(tmp_path
     fake = tmp_path / "prometheus_client"
     fake.mkdir()
     (fake / "__init__.py").write_text("class Gauge:\n    def __init__(self, *a, **k):\n"
-                                      "        raise OSError('no space left on device')\n")
+                                      "        raise OSError('no space left on device')\n"
+                                      "class REGISTRY:\n    register = staticmethod(lambda collector: None)\n")
     proc = run_python("import vllm, prometheus_client\n" + IMPORT_ALL + "import dspark_hotfix, json\n"
                       "print(json.dumps([r['state'] for r in dspark_hotfix.status()['patches']]))\n",
                       path=(tmp_path, REPO, STANDIN), env={"DSPARK_HOTFIX_STRICT": "1"})
@@ -230,3 +233,89 @@ def promtool() -> str:
     assert debs, f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}"
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
     return str(binary)
+
+
+# A child forked while another thread of the parent publishes: a metrics lock held at the fork.
+FORKED = """
+import json, os, threading, prometheus_client, vllm
+import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention
+import dspark_hotfix.metrics as metrics
+held, done = threading.Event(), threading.Event()
+def publishing():  # what a thread mid-publish looks like to a fork
+    with metrics._lock:
+        held.set()
+        done.wait()
+threading.Thread(target=publishing, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    import vllm.v1.worker.gpu.attn_utils  # a decision in the child (kv_view_guard): it publishes
+    from prometheus_client import generate_latest
+    info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
+    print(json.dumps(info), flush=True)
+    os._exit(0)
+done.set()
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_while_the_parent_publishes_decides_and_shows_the_shim_active():
+    proc = child(FORKED, path=(REPO, STANDIN))
+    assert proc.returncode == 0, proc.stderr
+    (info,) = json_lines(proc.stdout)
+    assert info == [f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], info
+
+
+def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_path):
+    # prometheus_client starts a forked child's values afresh: its first decision sets info again.
+    code = ("import json, os, prometheus_client, vllm\nimport vllm.v1.core.kv_cache_utils\n"
+            "pid = os.fork()\nif pid == 0:\n    import vllm.models.deepseek_v4.attention\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\nprint(pid)\n")
+    proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    child_pid = int(proc.stdout.split()[-1])
+    read = ("import json, sys\nfrom prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+            "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r)\n"
+            "lines = generate_latest(r).decode().splitlines()\n"
+            "print(json.dumps([l for l in lines if l.startswith('dspark_hotfix_info')]))")
+    info = last_json(run_python(read, path=(), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}).stdout)
+    assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info  # type: ignore[union-attr]
+
+
+# Another thread is part-way through importing prometheus_client when vLLM's import activates the shim.
+HALF_IMPORTED = """
+import importlib.util, json, sys, threading, time
+started = threading.Event()
+class Slow:  # holds the other thread inside prometheus_client's import until the shim activates
+    def find_spec(self, name, path=None, target=None):
+        if name != "prometheus_client.metrics":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+        def exec_module(module):  # (a loader's exec_module runs without the global import lock)
+            started.set()
+            for _ in range(100):
+                if getattr(sys.modules.get("dspark_hotfix.registry"), "_active", None) is not None:
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+            run(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Slow())
+importing = threading.Thread(target=__import__, args=("prometheus_client",))
+importing.start()
+started.wait(5)
+import vllm
+""" + IMPORT_ALL + """
+importing.join()
+from prometheus_client import generate_latest
+print(json.dumps([l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info")]))
+"""
+
+
+def test_the_gauges_appear_when_another_thread_was_importing_prometheus_client_at_activation():
+    proc = run_python(HALF_IMPORTED)
+    assert last_json(proc.stdout) == [
+        f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], proc.stderr
+    assert warning_lines(proc.stderr) == []

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
@@ -24,6 +25,7 @@ from tests.conftest import (
     edited_standin,
     last_json,
     run_python,
+    state_of,
     summary_lines,
 )
 
@@ -82,7 +84,7 @@ def test_an_excluded_patch_whose_target_cannot_be_resolved_is_excluded_everywher
     standin, env = standins["changed signature"], {"DSPARK_HOTFIX_PATCHES": f"-{SWA}"}
     # doctor judges in its own process whether or not the shim is active there.
     doctors = [cli("doctor", "--json", path=(where, standin), env=env) for where in (STARTUP, package_only)]
-    status = cli("status", "--import-targets", "--json", path=(STARTUP, standin), env=env)
+    status = cli("status", "--json", path=(STARTUP, standin), env=env)
     assert [states(report_of(doctor))[SWA] for doctor in doctors] == ["excluded", "excluded"]
     assert states(report_of(status))[SWA] == hooks(standin, env)[SWA]["state"] == "excluded"
     assert doctors[0].returncode == status.returncode
@@ -109,7 +111,7 @@ def test_plain_status_imports_the_targets_and_reports_the_registrys_decision(sta
 
 def test_a_fixed_vllm_with_the_switch_off_exits_3_in_status_and_doctor(standins):
     path, env = (STARTUP, standins["fixed"]), {"DSPARK_HOTFIX": "0"}
-    status = cli("status", "--import-targets", "--json", path=path, env=env)
+    status = cli("status", "--json", path=path, env=env)
     doctor = cli("doctor", "--json", path=path, env=env)
     assert (status.returncode, doctor.returncode) == (3, 3), status.stdout + doctor.stdout
     assert report_of(status)["verdict"] == report_of(doctor)["verdict"] == "removable"
@@ -154,11 +156,9 @@ def test_doctor_status_and_the_hooks_name_the_same_state_and_exit_alike(standins
     path = (STARTUP, standins[build])
     doctor = cli("doctor", "--json", path=path, env=env)
     status = cli("status", "--json", path=path, env=env)
-    flagged = cli("status", "--import-targets", "--json", path=path, env=env)  # the flag is a kept no-op
     in_process = {name: row["state"] for name, row in hooks(standins[build], env).items()}
-    assert states(report_of(doctor)) == states(report_of(flagged)) == in_process
-    assert states(report_of(status)) == in_process
-    assert doctor.returncode == flagged.returncode == status.returncode == expected_exit(switch, build, excluded), (
+    assert states(report_of(doctor)) == states(report_of(status)) == in_process
+    assert doctor.returncode == status.returncode == expected_exit(switch, build, excluded), (
         report_of(doctor)["problems"], report_of(status)["problems"])
 
 
@@ -175,3 +175,78 @@ def test_doctor_judges_guards_as_the_hooks_do():
     hooks = last_json(run_python(TARGETS + STATUS, env=env).stdout)
     assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
     assert hooks["kv_view_guard"]["state"] == "patched"
+
+
+# Each case below once read two ways in two reporters. Now state.judge is the one reading.
+SCRAPED = """
+from prometheus_client import generate_latest
+def gauges():
+    return sorted(l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_patch_state"))
+"""
+
+
+def shown(gauges: list[str], patch: str) -> list[str]:
+    """The states a patch's gauge shows at 1."""
+    return [g.split('state="')[1].split('"')[0] for g in gauges if f'patch="{patch}"' in g and g.endswith(" 1.0")]
+
+
+def test_a_reloaded_target_reads_failed_in_status_and_on_metrics_alike():
+    code = ("import importlib, json, prometheus_client, vllm\n" + IMPORT_ALL + SCRAPED +
+            "import dspark_hotfix, vllm.v1.attention.backends.mla.sparse_swa as swa\n"
+            "importlib.reload(swa)\n"
+            "s = dspark_hotfix.status()\n"
+            "print(json.dumps([{r['name']: r['state'] for r in s['patches']}, s['verdict'], gauges()]))\n")
+    rows, verdict, gauges = last_json(run_python(code).stdout)
+    assert rows[SWA] == "failed" and verdict == "problem"
+    assert shown(gauges, SWA) == ["failed"]
+
+
+def test_an_inconclusive_probe_gives_one_verdict_in_status_and_in_the_commands(tmp_path):
+    # vLLM answers the probe with no spec: its probe cannot tell, so with the shim off it is undecided.
+    swa = "vllm/v1/attention/backends/mla/sparse_swa.py"
+    no_spec = ("        uses_fp8_ds_mla = ", "        return None\n        uses_fp8_ds_mla = ")
+    edits = {**FIXED, swa: [*FIXED[swa], no_spec]}
+    standin = edited_standin(tmp_path / "standin", edits)
+    env = {"DSPARK_HOTFIX": "0"}
+    status = report_of(cli("status", "--json", path=(STARTUP, standin), env=env))
+    doctor = report_of(cli("doctor", "--json", path=(STARTUP, standin), env=env))
+    code = IMPORT_ALL + "import json, dspark_hotfix\nprint(json.dumps(dspark_hotfix.status()))"
+    in_process = last_json(run_python(code, path=(REPO, standin), env=env).stdout)
+    assert status["patches"][2]["needed"] is None, status["patches"]
+    assert status["verdict"] == doctor["verdict"] == in_process["verdict"] == "undecided"
+    assert status["exit_code"] == doctor["exit_code"] == in_process["exit_code"] == 1
+
+
+def test_a_correction_that_raises_reads_raised_in_the_row_the_line_and_the_gauges():
+    code = ("import json, prometheus_client, types, vllm\n" + IMPORT_ALL + SCRAPED +
+            "import dspark_hotfix, dspark_hotfix.patches.attention_kv_cache_spec as patch\n"
+            "def drifted(*args):\n    raise ValueError('a spec field this shim does not know')\n"
+            "patch.fp8_ds_mla_spec = drifted\n"
+            "from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A\n"
+            "config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=256))\n"
+            "spec = A(compress_ratio=4).get_kv_cache_spec(config)\n"
+            "s = dspark_hotfix.status()\n"
+            "print(json.dumps([s['patches'][1], s['verdict'], s['exit_code'], spec.head_size, gauges()]))\n")
+    proc = run_python(code)
+    row, verdict, code_, head_size, gauges = last_json(proc.stdout)
+    assert head_size == 512  # vLLM's own answer went on
+    assert row["state"] == "raised" and "ValueError: a spec field" in row["detail"], row
+    assert verdict == "problem" and code_ == 1
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith("problem: 5 patched ("), summary_lines(proc.stderr)
+    assert "1 raised (attention_kv_cache_spec)" in summary_lines(proc.stderr)[-1]
+    assert shown(gauges, "attention_kv_cache_spec") == ["raised"]
+
+
+def test_a_patched_function_another_tool_wraps_again_still_reads_patched():
+    code = ("import functools, json, types, vllm\n" + IMPORT_ALL +
+            "import dspark_hotfix\n"
+            "from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A\n"
+            "ours = A.get_kv_cache_spec\n"
+            "A.get_kv_cache_spec = functools.wraps(ours)(lambda *a, **k: ours(*a, **k))  # a tracer's wrapper\n"
+            "config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=256))\n"
+            "spec = A(compress_ratio=4).get_kv_cache_spec(config)\n"
+            "s = dspark_hotfix.status()\n"
+            "print(json.dumps([s['patches'][1], s['verdict'], s['exit_code'], spec.alignment]))\n")
+    row, verdict, code_, alignment = last_json(run_python(code).stdout)
+    assert alignment == 576  # the correction still runs under the other wrapper
+    assert (row["state"], row["corrections"], verdict, code_) == ("patched", 1, "fixing", 0), row

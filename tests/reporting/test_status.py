@@ -33,7 +33,7 @@ def test_status_before_vllm_is_imported_says_pending():
 def test_doctor_and_status_exit_3_where_vllm_needs_nothing(venv, fixed_standin):
     path = (startup_dir(venv), fixed_standin)
     doctor = run_in_venv(venv, args=("dspark-hotfix", "doctor", "--json"), path=path)
-    status = run_in_venv(venv, args=("dspark-hotfix", "status", "--import-targets", "--json"), path=path)
+    status = run_in_venv(venv, args=("dspark-hotfix", "status", "--json"), path=path)
     assert (doctor.returncode, status.returncode) == (3, 3), doctor.stdout + status.stdout
     for report in (json.loads(doctor.stdout), json.loads(status.stdout)):
         assert report["verdict"] == "removable" and report["schema"] == 2

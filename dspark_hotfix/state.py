@@ -1,0 +1,166 @@
+"""The shim's state in this process, and the one reading of it.
+
+The registry keeps one :class:`Record` per patch and sets its state. Every
+reporter reads the records through this module, and only through it: the log
+line, ``status()``, ``dspark-hotfix status`` and ``doctor``, and ``/metrics``.
+So they cannot disagree. It imports nothing of the shim but the switches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import dspark_hotfix
+from dspark_hotfix import config
+
+SCHEMA = 2  # of status() and the commands' JSON
+
+# A patch's state in this process.
+PENDING = "pending"  # not judged yet: its module is not imported (a guard: or its patches are not judged)
+PATCHED = "patched"  # vLLM calls the shim's wrapper
+RAISED = "raised"  # patched, but its correction raised: vLLM's own answer was used at least once
+NOT_NEEDED = "not_needed"  # the running vLLM is right already: left untouched
+EXCLUDED = "excluded"  # judged, not applied: DSPARK_HOTFIX_PATCHES leaves it off
+FAILED = "failed"  # cannot be applied, or vLLM no longer calls the wrapper (its module reloaded)
+DISABLED = "disabled"  # the shim is off, or not installed in this process
+STATES = (PATCHED, RAISED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)
+
+# The verdict: one word for the process, and what it means. Exit codes of status and doctor.
+VERDICTS = {
+    "fixing": "this vLLM has the reported bug, and the shim corrects it",
+    "guarding": "the bug is fixed upstream; the shim still stops DeepSeek-V4 with the hybrid KV cache manager off, "
+                "early and clearly (kv_cache_groups); remove it once every image says removable",
+    "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",
+    "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
+    "problem": "a patch this vLLM needs is not in place",
+}
+EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict, or any problem: 1
+PROBLEM, USAGE = 1, 2
+EXIT_CODES = """\
+exit status of status and doctor:
+  0  fixing or guarding: the fix is active where this vLLM needs it
+  1  a problem (each is named), or undecided
+  2  usage error
+  3  removable: this vLLM needs none of the patches
+"""
+
+
+class Record:
+    """One patch in this process: its state, and what the state rests on."""
+
+    def __init__(self, patch: Any, state: str = PENDING, detail: str = "") -> None:
+        self.patch, self.state = patch, state
+        guards = f" and the patches it guards ({', '.join(patch.guards)})" if patch.guards else ""
+        self.detail = detail or f"waiting for {patch.module}{guards}"
+        self.needed: bool | None = None  # once judged; None: the probe could not tell
+        self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
+        self.raised = ""  # what the correction raised, if it ever did
+        self.module: Any = None  # a guard's module, once imported
+        self.wrapper: Any = None  # what vLLM's function was replaced with
+
+
+def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
+    """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such one)."""
+    owner_name, dot, name = qualname.rpartition(".")
+    owner = getattr(module, owner_name, None) if dot else module
+    return owner, name, vars(owner).get(name) if isinstance(owner, (type, types.ModuleType)) else None
+
+
+def still_called(record: Record) -> bool:
+    """Whether vLLM's attribute is the wrapper, or another tool's wrapper around it."""
+    function = attribute(sys.modules.get(record.patch.module), record.patch.qualname)[2]
+    for _ in range(8):  # a bounded walk: __wrapped__ chains can loop
+        if function is record.wrapper:
+            return True
+        try:
+            function = getattr(function, "__wrapped__", None)
+        except Exception:  # a proxy that raises on look-up
+            return False
+    return False
+
+
+def row(record: Record) -> dict[str, Any]:
+    """A record as status() gives it."""
+    state, detail = record.state, record.detail
+    if state == PATCHED and not still_called(record):
+        state, detail = FAILED, (f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
+                                 "(its module reloaded?); restart the process")
+    elif state == PATCHED and record.raised:
+        state, detail = RAISED, f"{detail}; {record.raised}"
+    return {"name": record.patch.name, "target": record.patch.target, "state": state, "needed": record.needed,
+            "calls": record.calls, "corrections": record.corrections, "detail": detail}
+
+
+def problems(rows: list[dict[str, Any]]) -> list[str]:
+    """What the rows say is wrong, one line each."""
+    found = [f"{r['name']}: {r['detail']}" for r in rows if r["state"] in (FAILED, RAISED)]
+    found += [f"{r['name']} is needed but excluded by {config.PATCHES}" for r in rows
+              if r["state"] == EXCLUDED and r["needed"]]
+    off = [r["name"] for r in rows if r["state"] == DISABLED and r["needed"]]
+    if off:
+        value = dspark_hotfix.shown(os.environ.get(config.ENABLE))
+        found.append(f"{', '.join(off)} needed but {config.ENABLE}={value} turns the shim off")
+    return found
+
+
+def verdict(records: list[Record], rows: list[dict[str, Any]], found: list[str]) -> str:
+    """The process word (see VERDICTS). Guards follow the patches they guard."""
+    if found:
+        return "problem"
+    decisive = [(r.patch, each) for r, each in zip(records, rows, strict=True) if not r.patch.guards]
+    if any(each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None for _, each in decisive):
+        return "undecided"
+    patched = [patch for patch, each in decisive if each["state"] == PATCHED]
+    if any(not patch.stops for patch in patched):
+        return "fixing"
+    return "guarding" if patched else "removable"
+
+
+def judge(records: Iterable[Record]) -> dict[str, Any]:
+    """The verdict, the rows and the problems: what every reporter shows."""
+    records = list(records)
+    rows = [row(r) for r in records]
+    found = problems(rows)
+    return {"verdict": verdict(records, rows, found), "patches": rows, "problems": found}
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    return PROBLEM if report["problems"] else EXIT.get(report["verdict"], PROBLEM)
+
+
+def line(records: Iterable[Record]) -> str | None:
+    """The log line's state, or None while it waits: for every patch, and for a guard whose module
+    is imported, not for one whose module this process may never import (kv_view_guard in an API server)."""
+    records = list(records)
+    if any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules) for r in records):
+        return None
+    judged = judge(records)
+    names: dict[str, list[str]] = {state: [] for state in STATES}
+    for r, each in zip(records, judged["patches"], strict=True):
+        until = f" until {r.patch.module} is imported" if each["state"] == PENDING else ""
+        names[each["state"]].append(each["name"] + until)
+    counts = [f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
+              for state, n in names.items() if n]
+    return f"{judged['verdict']}: {', '.join(counts)}"
+
+
+# A handler of our own, in vLLM's format: vLLM's logging neither swallows nor doubles the lines.
+_log = logging.getLogger("dspark_hotfix")
+if not _log.handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    _log.addHandler(_handler)
+    _log.propagate = False
+    _log.setLevel(logging.INFO)
+
+
+def log(level: int, text: str) -> None:
+    """One line to the operator. A logging config without disable_existing_loggers=false would
+    disable this logger, made before vLLM configures logging: it is enabled again here."""
+    _log.disabled = False
+    _log.log(level, "%s", text)
