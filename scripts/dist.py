@@ -38,6 +38,11 @@ def source_date_epoch() -> int:
     return int(out.strip())
 
 
+def unpack(tar: tarfile.TarFile, dest: Path) -> None:
+    # Python before 3.10.12 and 3.11.4 has no extraction filters; the archives are our own.
+    tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+
+
 def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0"}
     proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", f"--{kind}", "--outdir", str(outdir),
@@ -78,7 +83,7 @@ def main(argv: list[str]) -> int:
         final_sdist = outdir / sdist.name
         final_sdist.write_bytes(normalized_sdist(sdist, epoch))
         with tarfile.open(final_sdist) as tar:
-            tar.extractall(work / "src", filter="data")
+            unpack(tar, work / "src")
         (tree,) = (work / "src").iterdir()
         wheel = build("wheel", tree, work / "wheel", epoch)
         final_wheel = outdir / wheel.name

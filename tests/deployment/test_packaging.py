@@ -8,10 +8,13 @@ their own folders (activation, reporting, launcher).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 from dspark_hotfix import __version__
@@ -97,3 +100,27 @@ def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
     assert first == second  # byte for byte, the sums included
     sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
     assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
+
+
+def dist_module():
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("dist", REPO / "scripts" / "dist.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_dist_runs_on_a_python_whose_extractall_has_no_filter(tmp_path, monkeypatch):
+    # Python before 3.10.12 and 3.11.4 (Debian 12 ships 3.11.2): no tarfile.data_filter, no filter argument.
+    plain = tarfile.TarFile.extractall
+
+    def extractall(self, path=".", members=None, *, numeric_owner=False):
+        return plain(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+    assert dist_module().main([str(tmp_path)]) == 0
+    with zipfile.ZipFile(tmp_path / f"dspark_hotfix-{__version__}-py3-none-any.whl") as wheel:
+        assert "dspark_hotfix/startup/sitecustomize.py" in wheel.namelist()
