@@ -101,3 +101,9 @@ def test_the_configmap_is_made_from_the_wheel_the_init_container_installs():
     made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
     for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
         assert made in where.read_text(), where
+
+
+def test_the_b_arm_words_are_the_shims_false_words(site):
+    script = kubernetes.pod(site)["initContainers"][0]["args"][0]
+    words = re.search(r'case "\$\{DSPARK_HOTFIX:-\}" in ([^)]*)\)', script)
+    assert words and sorted(words[1].split("|")) == sorted(dspark_hotfix.FALSE_WORDS)

@@ -252,3 +252,18 @@ def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_fixed_vllm_sta
     got = allowed.serve("python3", "-c", PROBE)
     assert got["wrapt"].startswith("2.") and got["wrapt_file"].startswith("/opt/venv/"), got
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
+
+
+def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_without_the_fix(tools, site, wheel,
+                                                                                        tmp_path, pods):
+    base = build.serving("reported")
+    b_arm = pods(base, wheel, tmp_path / "b", site, DSPARK_HOTFIX="0")
+    assert b_arm.init_run.returncode == 0, b_arm.init_run.stdout + b_arm.init_run.stderr
+    assert "remap_dspark_name" in b_arm.init_run.stdout and "the B arm" in b_arm.init_run.stdout  # doctor's report
+    assert b_arm.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
+    # Only the false words start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
+    typo = pods(base, wheel, tmp_path / "typo", site, DSPARK_HOTFIX="of")
+    assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
+    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES="-swa_kv_cache_spec")
+    assert excluded.init_run.returncode == 1, excluded.init_run.stdout + excluded.init_run.stderr
+    assert "the B arm" not in typo.init_run.stdout + excluded.init_run.stdout
