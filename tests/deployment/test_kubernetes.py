@@ -97,10 +97,13 @@ def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_configmap_is_made_from_the_wheel_the_init_container_installs():
+def test_the_configmap_is_made_from_the_wheel_and_its_sums_the_init_container_checks(site):
     made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
     for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
-        assert made in where.read_text(), where
+        text = where.read_text()
+        assert made in text and "--from-file=dist/SHA256SUMS" in text.split(made, 1)[1].split("\n\n")[0], where
+    script = kubernetes.pod(site)["initContainers"][0]["args"][0]
+    assert -1 < script.find("| sha256sum -c") < script.find("pip install")
 
 
 def test_the_b_arm_words_are_the_shims_false_words(site):
