@@ -110,3 +110,15 @@ def test_the_b_arm_words_are_the_shims_false_words(site):
     script = kubernetes.pod(site)["initContainers"][0]["args"][0]
     words = re.search(r'case "\$\{DSPARK_HOTFIX:-\}" in ([^)]*)\)', script)
     assert words and sorted(words[1].split("|")) == sorted(dspark_hotfix.FALSE_WORDS)
+
+
+def bytes_of(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_the_init_container_has_the_memory_doctor_needs(site):
+    # doctor imports vLLM: about 1 GB of memory on vLLM 0.25.0.
+    resources = kubernetes.pod(site)["initContainers"][0]["resources"]
+    assert bytes_of(resources["limits"]["memory"]) >= 1.5 * 2**30
+    assert 2**30 <= bytes_of(resources["requests"]["memory"]) <= bytes_of(resources["limits"]["memory"])
