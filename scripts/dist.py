@@ -2,6 +2,8 @@
 
 Two builds of one commit are byte-identical, wherever they run:
 
+- the source is the commit itself (``git archive HEAD``): an untracked file or
+  an uncommitted edit never ships;
 - every timestamp is ``SOURCE_DATE_EPOCH`` (default: the last commit's time);
   setuptools' bdist_wheel honours it, its sdist does not (tar and gzip headers
   carry the build's clock and the checkout's mtimes), so the sdist is written
@@ -36,6 +38,20 @@ def source_date_epoch() -> int:
     out = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
                          text=True).stdout
     return int(out.strip())
+
+
+def unpack(tar: tarfile.TarFile, dest: Path) -> None:
+    # Python before 3.10.12 and 3.11.4 has no extraction filters; the archives are our own.
+    tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+
+
+def commit_tree(dest: Path) -> Path:
+    """HEAD's files, as git stores them, in ``dest``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        unpack(tar, dest)
+    return dest
 
 
 def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
@@ -74,11 +90,11 @@ def main(argv: list[str]) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-dist-") as tmp:
         work = Path(tmp)
-        sdist = build("sdist", REPO, work / "sdist", epoch)
+        sdist = build("sdist", commit_tree(work / "commit"), work / "sdist", epoch)
         final_sdist = outdir / sdist.name
         final_sdist.write_bytes(normalized_sdist(sdist, epoch))
         with tarfile.open(final_sdist) as tar:
-            tar.extractall(work / "src", filter="data")
+            unpack(tar, work / "src")
         (tree,) = (work / "src").iterdir()
         wheel = build("wheel", tree, work / "wheel", epoch)
         final_wheel = outdir / wheel.name

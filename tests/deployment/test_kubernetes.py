@@ -97,7 +97,28 @@ def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_configmap_is_made_from_the_wheel_the_init_container_installs():
+def test_the_configmap_is_made_from_the_wheel_and_its_sums_the_init_container_checks(site):
     made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
     for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
-        assert made in where.read_text(), where
+        text = where.read_text()
+        assert made in text and "--from-file=dist/SHA256SUMS" in text.split(made, 1)[1].split("\n\n")[0], where
+    script = kubernetes.pod(site)["initContainers"][0]["args"][0]
+    assert -1 < script.find("| sha256sum -c") < script.find("pip install")
+
+
+def test_the_b_arm_words_are_the_shims_false_words(site):
+    script = kubernetes.pod(site)["initContainers"][0]["args"][0]
+    words = re.search(r'case "\$\{DSPARK_HOTFIX:-\}" in ([^)]*)\)', script)
+    assert words and sorted(words[1].split("|")) == sorted(dspark_hotfix.FALSE_WORDS)
+
+
+def bytes_of(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_the_init_container_has_the_memory_doctor_needs(site):
+    # doctor imports vLLM: about 1 GB of memory on vLLM 0.25.0.
+    resources = kubernetes.pod(site)["initContainers"][0]["resources"]
+    assert bytes_of(resources["limits"]["memory"]) >= 1.5 * 2**30
+    assert 2**30 <= bytes_of(resources["requests"]["memory"]) <= bytes_of(resources["limits"]["memory"])

@@ -8,10 +8,13 @@ their own folders (activation, reporting, launcher).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 from dspark_hotfix import __version__
@@ -57,43 +60,76 @@ def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv
     assert proc.stdout.splitlines()[-1] == "ran"
 
 
-def checkout_copy(root: Path, umask: int, mtime: int) -> Path:
-    """The tracked files of this working tree, as another clone would have them: its umask, its file times."""
+def clone(root: Path, umask: int, mtime: int) -> Path:
+    """This repository's commit as another clone would have it (its umask, its file times), with the
+    scripts/dist.py under test."""
     from tests.conftest import REPO
 
-    tracked = ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-    files = subprocess.run(tracked, check=True, capture_output=True, text=True).stdout.split("\0")
-    for name in filter(None, files):
-        source, copy = REPO / name, root / name
-        if source.is_symlink() or not source.is_file():
-            continue
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_bytes(source.read_bytes())
-        copy.chmod((0o777 if os.access(source, os.X_OK) else 0o666) & ~umask)
-        os.utime(copy, (mtime, mtime))
+    subprocess.run(["sh", "-c", f'umask {umask:03o} && git clone -q "$0" "$1"', str(REPO), str(root)], check=True)
+    (root / "scripts" / "dist.py").write_bytes((REPO / "scripts" / "dist.py").read_bytes())
+    for path in root.rglob("*"):
+        if ".git" not in path.relative_to(root).parts:
+            os.utime(path, (mtime, mtime), follow_symlinks=False)
     return root
+
+
+def make_dist(tree: Path, out: Path) -> dict[str, bytes]:
+    proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {p.name: p.read_bytes() for p in out.iterdir()}
 
 
 def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
     import hashlib
     import time
 
-    from tests.conftest import REPO
-
-    epoch = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
-                           text=True).stdout.strip()
-    built = []
-    for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000))):
-        tree = checkout_copy(tmp_path / f"clone{n}", umask, mtime)
-        out = tmp_path / f"dist{n}"
-        proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
-                              env={**os.environ, "SOURCE_DATE_EPOCH": epoch}, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        built.append({p.name: p.read_bytes() for p in out.iterdir()})
+    built = [make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}")
+             for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000)))]
     first, second = built
     assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
                              f"dspark_hotfix-{__version__}.tar.gz"]
     assert first == second  # byte for byte, the sums included
     sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
     assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
+
+
+def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):
+    tree = clone(tmp_path / "clone", 0o022, 1_000_000_000)
+    (tree / "dspark_hotfix" / "stray.py").write_text("STRAY = 1\n")  # untracked
+    init = tree / "dspark_hotfix" / "__init__.py"
+    committed = init.read_bytes()
+    init.write_bytes(committed + b"EDITED = 1\n")  # modified, not committed
+    make_dist(tree, tmp_path / "dist")
+    with zipfile.ZipFile(tmp_path / "dist" / f"dspark_hotfix-{__version__}-py3-none-any.whl") as wheel:
+        assert "dspark_hotfix/stray.py" not in wheel.namelist()
+        assert wheel.read("dspark_hotfix/__init__.py") == committed
+    with tarfile.open(tmp_path / "dist" / f"dspark_hotfix-{__version__}.tar.gz") as sdist:
+        names = sdist.getnames()
+        assert not any(name.endswith("/stray.py") for name in names), names
+        (member,) = [name for name in names if name.endswith("/dspark_hotfix/__init__.py")]
+        assert sdist.extractfile(member).read() == committed
+
+
+def dist_module():
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("dist", REPO / "scripts" / "dist.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_dist_runs_on_a_python_whose_extractall_has_no_filter(tmp_path, monkeypatch):
+    # Python before 3.10.12 and 3.11.4 (Debian 12 ships 3.11.2): no tarfile.data_filter, no filter argument.
+    plain = tarfile.TarFile.extractall
+
+    def extractall(self, path=".", members=None, *, numeric_owner=False):
+        return plain(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+    assert dist_module().main([str(tmp_path)]) == 0
+    with zipfile.ZipFile(tmp_path / f"dspark_hotfix-{__version__}-py3-none-any.whl") as wheel:
+        assert "dspark_hotfix/startup/sitecustomize.py" in wheel.namelist()

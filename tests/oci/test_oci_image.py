@@ -6,16 +6,18 @@ sitecustomize of the image's own. A second base carries the upstream fix and a
 wrapt 2.x of its own. Base images are cached; the Dockerfile is built every run.
 On the same bases, the Kubernetes manifest's pod (deploy/kubernetes/): its init
 container's commands as written there, then the server's environment, the
-emptyDir a host directory, the ConfigMap a directory holding the wheel.
+emptyDir a host directory, the ConfigMap a directory holding the wheel and its SHA256SUMS.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -181,13 +183,15 @@ def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
 class Pod:
     """The manifest's pod on ``base``: the init container run as written, then one server container."""
 
-    def __init__(self, base: str, wheel: Path, root: Path, site: Path, **init_env: str):
+    def __init__(self, base: str, wheel: Path, root: Path, site: Path, sums: str | None = None, **init_env: str):
         spec = kubernetes.pod(site)
         (self.init,), (self.server,) = spec["initContainers"], spec["containers"]
         self.base, self.volume, wheels = base, root / "emptyDir", root / "configMap"
         self.volume.mkdir(parents=True)
         wheels.mkdir()
-        shutil.copy(wheel, wheels)  # kubectl create configmap dspark-hotfix-wheels --from-file=<the wheel>
+        # kubectl create configmap dspark-hotfix-wheels --from-file=<the wheel> --from-file=<SHA256SUMS>
+        shutil.copy(wheel, wheels)
+        (wheels / "SHA256SUMS").write_text(sha256sums(wheel) if sums is None else sums)
         self.hosts = {"dspark-hotfix": self.volume, "dspark-hotfix-wheels": wheels}
         self.containers: dict[str, str] = {}
         self.init_run = self.start(self.init, [*self.init["command"], *self.init["args"]], **init_env)
@@ -210,6 +214,11 @@ class Pod:
             build.buildah("rm", name, check=False)
 
 
+def sha256sums(wheel: Path) -> str:
+    """make dist's line for the wheel."""
+    return f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n"
+
+
 @pytest.fixture
 def pods():
     made: list[Pod] = []
@@ -227,6 +236,7 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
                                                                                         tmp_path, pods):
     pod = pods(build.serving("reported"), wheel, tmp_path, site)
     assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
+    assert f"{wheel.name}: OK" in pod.init_run.stdout  # sha256sum -c
     assert "PROBLEM" not in pod.init_run.stdout and "remap_dspark_name" in pod.init_run.stdout  # doctor's report
     # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
     got = pod.serve("python3", "-c", PROBE)
@@ -252,3 +262,39 @@ def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_fixed_vllm_sta
     got = allowed.serve("python3", "-c", PROBE)
     assert got["wrapt"].startswith("2.") and got["wrapt_file"].startswith("/opt/venv/"), got
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
+
+
+def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_without_the_fix(tools, site, wheel,
+                                                                                        tmp_path, pods):
+    base = build.serving("reported")
+    b_arm = pods(base, wheel, tmp_path / "b", site, DSPARK_HOTFIX="0")
+    assert b_arm.init_run.returncode == 0, b_arm.init_run.stdout + b_arm.init_run.stderr
+    assert "remap_dspark_name" in b_arm.init_run.stdout and "the B arm" in b_arm.init_run.stdout  # doctor's report
+    assert b_arm.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
+    # Only the false words start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
+    typo = pods(base, wheel, tmp_path / "typo", site, DSPARK_HOTFIX="of")
+    assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
+    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES="-swa_kv_cache_spec")
+    assert excluded.init_run.returncode == 1, excluded.init_run.stdout + excluded.init_run.stderr
+    assert "the B arm" not in typo.init_run.stdout + excluded.init_run.stdout
+
+
+def test_a_wheel_that_its_sha256sums_does_not_list_is_refused_before_anything_is_installed(tools, site, wheel,
+                                                                                          tmp_path, pods):
+    base = build.serving("reported")
+    # A wheel pip installs as readily, one file more, under the name SHA256SUMS lists with the built one's sum.
+    altered = tmp_path / "altered" / wheel.name
+    altered.parent.mkdir()
+    with zipfile.ZipFile(wheel) as built, zipfile.ZipFile(altered, "w") as copy:
+        for item in built.infolist():
+            copy.writestr(item, built.read(item))
+        copy.writestr("dspark_hotfix/altered.py", "")
+    refused = pods(base, altered, tmp_path / "altered-pod", site, sums=sha256sums(wheel))
+    assert refused.init_run.returncode != 0 and f"{wheel.name}: FAILED" in refused.init_run.stdout, (
+        refused.init_run.stdout + refused.init_run.stderr)
+    assert list(refused.volume.iterdir()) == []
+    # SHA256SUMS without the wheel's line: nothing to check is a refusal too.
+    sdist = f"dspark_hotfix-{dspark_hotfix.__version__}.tar.gz"
+    unlisted = pods(base, wheel, tmp_path / "unlisted", site, sums=f"{hashlib.sha256(b'').hexdigest()}  {sdist}\n")
+    assert unlisted.init_run.returncode != 0, unlisted.init_run.stdout + unlisted.init_run.stderr
+    assert list(unlisted.volume.iterdir()) == []
