@@ -65,7 +65,7 @@ from dspark_hotfix.patches import (
     remap_dspark_name,
     swa_kv_cache_spec,
 )
-from dspark_hotfix.patches.base import Finding, Patch, Verdict
+from dspark_hotfix.patches.base import Finding, Need, Patch
 
 # A guard comes after the patches it guards.
 ALL: tuple[Patch, ...] = (
@@ -77,4 +77,4 @@ ALL: tuple[Patch, ...] = (
     kv_view_guard.PATCH,
 )
 
-__all__ = ["ALL", "Finding", "Patch", "Verdict"]
+__all__ = ["ALL", "Finding", "Need", "Patch"]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Patch, Verdict
+from dspark_hotfix.patches.base import Need, Patch
 from dspark_hotfix.patches.fp8_ds_mla import CACHE_DTYPE, fp8_ds_mla_spec, probe_spec, quant_mode, uint8_dtype
 
 
@@ -36,7 +36,7 @@ def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, 
     return fp8_ds_mla_spec(spec, self.kv_cache_dtype, quant_mode())
 
 
-def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Verdict:
+def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Need:
     layer = SimpleNamespace(compress_ratio=4, kv_cache_dtype=CACHE_DTYPE, head_dim=512,
                             kv_cache_torch_dtype=uint8_dtype())
     return probe_spec(vllm_get_kv_cache_spec, layer)
@@ -48,6 +48,5 @@ PATCH = Patch(
     qualname="DeepseekV4Attention.get_kv_cache_spec",
     parameters=("self", "vllm_config"),
     replacement=get_kv_cache_spec,
-    summary="DeepSeek-V4 compressed-attention spec carries the fp8_ds_mla layout",
     probe=probe,
 )

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 
-class Verdict(NamedTuple):
-    """Whether the running vLLM needs a patch, decided by calling its own function.
+class Need(NamedTuple):
+    """Whether the running vLLM needs a patch: the probe's answer, from calling vLLM's own function.
 
     ``needed`` is None when the probe could not decide; the patch is then
     applied, because every correction returns answers that are right unchanged.
@@ -37,9 +37,8 @@ class Patch:
     qualname: str  # "Class.method", or "function" for a module-level one
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
     replacement: Callable[..., Any]  # replacement(vllm_function, /, *vLLM's arguments)
-    summary: str
     # A patch: calls vLLM's function with stand-in objects. None for a guard.
-    probe: Callable[[Callable[..., Any]], Verdict] | None = None
+    probe: Callable[[Callable[..., Any]], Need] | None = None
     # A guard: the patches it guards; it is needed where any of them is.
     guards: tuple[str, ...] = ()
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.

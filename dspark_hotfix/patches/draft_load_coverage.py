@@ -67,6 +67,5 @@ PATCH = Patch(
     qualname="DSparkDeepseekV4ForCausalLM.load_weights",
     parameters=("self", "weights"),
     replacement=load_weights,
-    summary="after loading, every draft parameter came from the checkpoint",
     guards=("remap_dspark_name",),
 )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Verdict
+from dspark_hotfix.patches.base import Need
 
 CACHE_DTYPE = "fp8_ds_mla"
 BYTES_PER_TOKEN = 584
@@ -118,18 +118,18 @@ def uint8_dtype() -> Any:
     return torch.uint8 if torch is not None else "uint8"
 
 
-def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Verdict:
+def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
     """Call vLLM's ``get_kv_cache_spec`` for a stand-in ``fp8_ds_mla`` layer."""
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype=CACHE_DTYPE))
     mode = quant_mode()  # raises where vLLM lacks get_kv_quant_mode: the patch cannot apply
     try:
         spec = get_kv_cache_spec(layer, config)
         if spec is None:
-            return Verdict(None, "probe inconclusive (vLLM returned no spec)")
+            return Need(None, "probe inconclusive (vLLM returned no spec)")
         width = runner_bytes_per_token(spec)
         fixed = fp8_ds_mla_spec(spec, CACHE_DTYPE, mode)
     except Exception as exc:  # any drift in vLLM's internals: undecided
-        return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+        return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     if fixed is spec:
-        return Verdict(False, f"not needed (vLLM already returns {width} bytes/token)")
-    return Verdict(True, f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})")
+        return Need(False, f"not needed (vLLM already returns {width} bytes/token)")
+    return Need(True, f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})")

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Finding, Patch, Verdict
+from dspark_hotfix.patches.base import Finding, Need, Patch
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
@@ -84,14 +84,14 @@ def why_off(vllm_config: Any) -> str:
     return "--disable-hybrid-kv-cache-manager was given (or the platform does not support the manager)"
 
 
-def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Verdict:
+def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
     mode = quant_mode()
     interface = sys.modules["vllm.v1.kv_cache_interface"]
     try:
         specs = {"full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
                  "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128)}
     except Exception as exc:  # spec classes this probe does not know how to build
-        return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+        return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
                              kv_transfer_config=None)
     # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a probe.
@@ -105,9 +105,9 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Verdict:
         log.disabled = quiet
     swa = specs["swa"]
     if swa.kv_quant_mode == mode:
-        return Verdict(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
+        return Need(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
     mode_name = getattr(swa.kv_quant_mode, "name", swa.kv_quant_mode)
-    return Verdict(True, "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
+    return Need(True, "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
                          f"{type(swa).__name__}(kv_quant_mode={mode_name}))")
 
 
@@ -124,7 +124,6 @@ PATCH = Patch(
     qualname="get_kv_cache_groups",
     parameters=("vllm_config", "kv_cache_spec"),
     replacement=get_kv_cache_groups,
-    summary="DeepSeek-V4 with the hybrid KV cache manager off stops at KV-cache grouping, naming the cause",
     probe=probe,
     absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
     stops=True,

@@ -69,7 +69,6 @@ PATCH = Patch(
     qualname="_reshape_kv_cache",
     parameters=PARAMETERS,
     replacement=_reshape_kv_cache,
-    summary=f"a DeepSeek-V4 fp8_ds_mla KV view narrower than {BYTES_PER_TOKEN} bytes/token stops with a clear error",
     guards=("attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups"),
     absent="the V2 runner no longer builds views by this rule (vLLM 0.29.0 on)",
     stops=True,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Patch, Verdict
+from dspark_hotfix.patches.base import Need, Patch
 
 
 def _remap_dspark_name(vllm_remap_dspark_name: Callable[..., Any], /, self: Any, name: str) -> str | None:
@@ -71,7 +71,7 @@ def draft_layer_count(draft: Any) -> int | None:
         return None
 
 
-def probe(vllm_remap_dspark_name: Callable[..., Any]) -> Verdict:
+def probe(vllm_remap_dspark_name: Callable[..., Any]) -> Need:
     n, k = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
     config = SimpleNamespace(num_hidden_layers=n, n_mtp_layers=k)
     model = SimpleNamespace(config=config, num_hidden_layers=n, num_dspark_layers=k, layers=[None] * k,
@@ -81,11 +81,11 @@ def probe(vllm_remap_dspark_name: Callable[..., Any]) -> Verdict:
     try:
         mapped = vllm_remap_dspark_name(draft, name)
     except Exception as exc:
-        return Verdict(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
+        return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     fixed = remap_dspark_name(name, mapped, k)
     if fixed != mapped:
-        return Verdict(True, f"needed (vLLM maps {name} to {mapped}; shim gives {fixed})")
-    return Verdict(False, f"not needed (vLLM maps {name} to {mapped})")
+        return Need(True, f"needed (vLLM maps {name} to {mapped}; shim gives {fixed})")
+    return Need(False, f"not needed (vLLM maps {name} to {mapped})")
 
 
 PATCH = Patch(
@@ -94,6 +94,5 @@ PATCH = Patch(
     qualname="DSparkDeepseekV4ForCausalLM._remap_dspark_name",
     parameters=("self", "name"),
     replacement=_remap_dspark_name,
-    summary="draft weights mtp.{i}.* land on the draft's model.layers.{i}.*",
     probe=probe,
 )

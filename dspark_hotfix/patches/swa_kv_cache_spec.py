@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from dspark_hotfix.patches.base import Patch, Verdict
+from dspark_hotfix.patches.base import Need, Patch
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
@@ -47,7 +47,7 @@ def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, 
     return fp8_ds_mla_spec(spec, self.cache_config.cache_dtype, quant_mode())
 
 
-def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Verdict:
+def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Need:
     layer = SimpleNamespace(
         block_size=64,
         head_dim=512,
@@ -69,6 +69,5 @@ PATCH = Patch(
     qualname="DeepseekV4SWACache.get_kv_cache_spec",
     parameters=("self", "vllm_config"),
     replacement=get_kv_cache_spec,
-    summary="DeepSeek-V4 sliding-window spec carries the fp8_ds_mla layout",
     probe=probe,
 )

@@ -56,7 +56,7 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     def replacement(vllm, /, *args, **kwargs):
         return (*vllm(*args, **kwargs), "corrected")
 
-    patch = Patch("echo", "nowhere", "target", parameters, replacement, "echo")
+    patch = Patch("echo", "nowhere", "target", parameters, replacement)
     wrapper = registry._wrap(registry.Activation("test"), registry.Record(patch), namespace["target"])
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
@@ -90,7 +90,7 @@ def wrapped(replacement, name: str = "t", guards: tuple[str, ...] = (), stops: b
     from dspark_hotfix import registry
     from dspark_hotfix.patches import Patch
 
-    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), replacement=replacement, summary=name,
+    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), replacement=replacement,
                   guards=guards, stops=stops)
     return registry._wrap(registry.Activation("t"), registry.Record(patch), lambda x: ("vllm", x))
 
