@@ -9,7 +9,7 @@ machine lacks starts with ``# needs: <what>, <where it is tested instead>``. A b
 uninstalls the shim must leave the image without it; the wheel goes back for the blocks after it.
 
 Then the docs' consistency: each rule in one place, the words and codes as the code has them, the links
-that resolve and the size an operator reads.
+that resolve, the size an operator reads, and the demo's story.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import state
+from dspark_hotfix.patches import ALL
 from tests.conftest import REPO, STANDIN, clean_env
 
 DOCS = ("README.md", "docs/OPERATORS.md")
@@ -244,3 +245,21 @@ def test_the_docs_an_operator_reads_stay_short():
     words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS)  # as `cat README.md docs/*.md SECURITY.md | wc -w`
     assert words <= 9000, words
 
+
+def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py")], env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown, _, changes = proc.stdout.partition("What changed, and which patch changed it:")
+    changes, _, following = changes.partition("Next:")
+    assert "RuntimeError: kv must have shape" in shown and "draft layer weights loaded: 0 of 6" in shown
+    assert "draft layer weights loaded: 6 of 6" in shown
+    width, weights = re.search(r"KV view width 512 -> 584 .*?(?=\n   \S)", changes, re.S), \
+        re.search(r"draft layer weights 0 -> 6 of 6: .*", changes, re.S)
+    assert width and weights, changes
+    assert {"swa_kv_cache_spec", "attention_kv_cache_spec"} <= set(re.findall(r"\w+_\w+", width[0]))
+    assert "remap_dspark_name" in weights[0] and "silent" in weights[0]
+    assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", changes)) & {p.name for p in ALL} == {
+        "swa_kv_cache_spec", "attention_kv_cache_spec", "remap_dspark_name", "draft_load_coverage"}
+    assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
+    assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following
