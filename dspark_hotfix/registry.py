@@ -68,6 +68,8 @@ class Activation:
 # holding this lock while waiting for that module would hang both.
 _lock = threading.Lock()
 _active: Activation | None = None
+
+
 def _before_fork() -> None:
     """A fork waits (10 s at most) for another thread's activation: the child would inherit the import
     lock of ``vllm``, held by a thread it does not have, and hang on ``import vllm``."""
@@ -126,7 +128,8 @@ def activate(source: str) -> None:
 
 
 def _register(activation: Activation) -> None:
-    for problem in activation.settings.problems if activation.enabled else ():
+    settings = activation.settings
+    for problem in [*settings.problems, *filter(None, [settings.unknown])] if activation.enabled else ():
         log(logging.WARNING, problem)
     try:
         import wrapt
@@ -176,7 +179,7 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 def _report(activation: Activation) -> None:
     """After a decision: the guards it lets judge, the log line and the gauges. Then, once every
     other patch is judged, an ``everywhere`` patch whose module vLLM did not import here
-    (``kv_cache_groups`` in a tensor-parallel worker) is imported, so every process kind gives one verdict."""
+    (a tensor-parallel worker may import no KV-cache grouping) is imported, so every process kind gives one verdict."""
     for guard in activation.records.values():
         if guard.patch.guards and guard.state == PENDING:
             _decide(activation, guard, guard.module)
@@ -225,8 +228,6 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     settled = _settle(activation, record, word, needed, why, target)
     if settled == FAILED:
         _fail(activation, patch, f"cannot patch {patch.target}: {why} ({_remedy(patch)})", unpatched=True)
-    elif settled == EXCLUDED and needed is not False:
-        log(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {patch.name}")
 
 
 def _remedy(patch: Patch) -> str:

@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from dspark_hotfix import config
 from tests.conftest import (
     ENGINE_CORE_FIRST,
+    FIXED,
     IMPORT_ALL,
     PATCHES,
+    REPO,
+    STANDIN,
     STATUS,
     TARGETS,
     child,
+    edited_standin,
     last_json,
     patch_names,
     run_python,
@@ -20,10 +25,29 @@ from tests.conftest import (
 )
 
 
-def test_selection_patches_only_the_named_patch():
+def test_selection_patches_only_the_named_patch_and_its_guard():
     rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
-    assert rows["swa_kv_cache_spec"]["state"] == "patched"
-    assert {rows[n]["state"] for n in PATCHES if n != "swa_kv_cache_spec"} == {"excluded"}
+    assert rows["swa_kv_cache_spec"]["state"] == rows["kv_view_guard"]["state"] == "patched"
+    assert {rows[n]["state"] for n in PATCHES if n not in ("swa_kv_cache_spec", "kv_view_guard")} == {"excluded"}
+
+
+STARTUP = REPO / "dspark_hotfix" / "startup"
+
+
+def test_selecting_only_the_hybrid_off_stop_brings_its_guard_and_status_exits_0(tmp_path):
+    # A build like vLLM 0.25.0: the reported bug fixed, the hybrid-off grouping not.
+    released = edited_standin(tmp_path / "standin", {k: v for k, v in FIXED.items() if "kv_cache_utils" not in k})
+    proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status', '--json']))",
+                      path=(STARTUP, released), env={"DSPARK_HOTFIX_PATCHES": "kv_cache_groups"}, check=False)
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["verdict"]) == (0, "guarding"), report["problems"]
+    assert {r["name"]: r["state"] for r in report["patches"]}["kv_view_guard"] == "patched"
+
+
+def test_an_unknown_name_is_a_warning_in_status_not_a_problem():
+    proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status']))",
+                      path=(STARTUP, STANDIN), env={"DSPARK_HOTFIX_PATCHES": "-swa_kv_cache_spc"}, check=False)
+    assert proc.returncode == 0 and "WARNING       DSPARK_HOTFIX_PATCHES: 1 unknown name ignored" in proc.stdout
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
@@ -37,8 +61,7 @@ def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_deci
                       env={"DSPARK_HOTFIX_PATCHES": "-kv_view_guard"})
     lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
-    warned = lines.index("DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: kv_view_guard")
-    assert warned > first  # decided when the V2 runner's module came, after the first line
+    assert lines[first].endswith("1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)")
     assert lines[-1].endswith("problem: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, "
                               "kv_cache_groups, draft_load_coverage), 1 excluded (kv_view_guard)")
 
