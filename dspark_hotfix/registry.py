@@ -110,7 +110,8 @@ def activate(source: str) -> None:
     if not mine:
         if activation.thread != threading.get_ident():  # the same thread: a hook of this very activation
             activation.done.wait()
-        metrics.publish(activation)  # a forked child's gauges start empty
+        if activation.enabled:  # a forked child's gauges start empty
+            metrics.publish(activation.source, activation.records.values())
         return
     try:
         _register(activation)
@@ -139,8 +140,9 @@ def _register(activation: Activation) -> None:
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
             else:
                 record.detail = f"{record.patch.module} was part-way imported by this thread when the shim activated"
-        _wait_for("prometheus_client")
-        wrapt.register_post_import_hook(functools.partial(metrics.on_import, activation), "prometheus_client")
+        if activation.enabled and _wait_for("prometheus_client"):
+            hook = functools.partial(metrics.on_import, activation.source, activation.records.values())
+            wrapt.register_post_import_hook(hook, "prometheus_client")
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -189,7 +191,8 @@ def _report(activation: Activation) -> None:
     if line is not None and new:
         log(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
                           f"{line}")
-    metrics.publish(activation)
+    if activation.enabled:
+        metrics.publish(activation.source, activation.records.values())
     records = activation.records.values()
     if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
         for r in records:
