@@ -71,21 +71,23 @@ _active: Activation | None = None
 
 
 def _before_fork() -> None:
-    """A fork waits (10 s at most) for another thread's activation: the child would inherit the import
-    lock of ``vllm``, held by a thread it does not have, and hang on ``import vllm``."""
+    """A fork waits (10 s at most) for an activation under way in another thread: it may hold the
+    import lock of a vLLM module, and a child that inherits it held hangs on that import."""
     if _active is not None and _active.thread != threading.get_ident():
         _active.done.wait(10)
 
 
 def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
-    the fork would hang every import in the child."""
+    the fork would hang every import in the child. An activation the wait gave up on is dropped:
+    the child starts afresh on its own (its hooks, registered or not, then do nothing)."""
     global _lock
     _lock = threading.Lock()
     if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    if _active is not None:
+    if _active is not None and not _active.done.is_set():
         _active.done.set()
+        _discard(_active)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -116,16 +118,22 @@ def activate(source: str) -> None:
     try:
         _register(activation)
     except BaseException as exc:
-        if not isinstance(exc, HotfixError):  # an interrupt: undo it, so that a later import starts again
-            _active = None
-            for record in activation.records.values():
-                if record.wrapper is not None:
-                    owner, name, _ = state.attribute(record.module, record.patch.qualname)
-                    setattr(owner, name, record.wrapper.__wrapped__)
+        if not isinstance(exc, HotfixError):  # an interrupt: a later import or install() starts again
+            _discard(activation)
         raise
     finally:
         activation.done.set()
     _report(activation)
+
+
+def _discard(activation: Activation) -> None:
+    """Undo an activation that did not finish: what it wrapped is vLLM's own again."""
+    global _active
+    _active = None
+    for record in activation.records.values():
+        if record.wrapper is not None:
+            owner, name, _ = state.attribute(record.module, record.patch.qualname)
+            setattr(owner, name, record.wrapper.__wrapped__)
 
 
 def _register(activation: Activation) -> None:
