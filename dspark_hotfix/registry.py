@@ -156,7 +156,7 @@ def _register(activation: Activation) -> None:
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
         for record in activation.records.values():
-            _settle(activation, record, FAILED, None, why)
+            _set_state(activation, record, FAILED, None, why)
         _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
                                 f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
 
@@ -187,9 +187,11 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the guards it lets judge, the log line and the gauges. Then, once every
-    other patch is judged, an ``everywhere`` patch whose module vLLM did not import here
-    (a tensor-parallel worker may import no KV-cache grouping) is imported, so every process kind gives one verdict."""
+    """After a decision: the guards it lets judge, the log line and the gauges.
+
+    Then, once every other patch is judged, an ``everywhere`` patch whose module vLLM did not
+    import here is imported, so that every process kind gives one verdict (a tensor-parallel
+    worker may never import the KV-cache grouping)."""
     for guard in activation.records.values():
         if guard.patch.guards and guard.state == PENDING:
             _decide(activation, guard, guard.module)
@@ -236,7 +238,7 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
-    settled = _settle(activation, record, word, needed, why, target)
+    settled = _set_state(activation, record, word, needed, why, target)
     if settled == FAILED:
         _fail(activation, patch, f"cannot patch {patch.target}: {why} ({_remedy(patch)})", unpatched=True)
 
@@ -245,7 +247,7 @@ def _remedy(patch: Patch) -> str:
     return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
 
 
-def _settle(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
+def _set_state(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
             target: tuple[Any, str, Any] | None = None) -> str | None:
     """Record the one decision on ``record``, exactly once, where the switches
     allow it; wrap vLLM's function if it is to be patched."""
