@@ -40,7 +40,7 @@ VERDICTS = {
     "problem": "a patch this vLLM needs is not in place",
 }
 EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict, or any problem: 1
-PROBLEM, USAGE = 1, 2
+PROBLEM = 1
 EXIT_CODES = """\
 exit status of status and doctor:
   0  fixing or guarding: the fix is active where this vLLM needs it
