@@ -26,7 +26,7 @@ swa_kv_cache_spec
     Why: the same for the sliding-window cache, the tensor FlashMLA rejects
     (DSpark draft layers have only this cache).
     How it decides: as above, with a stand-in SWA layer.
-    Upstream: #47648 (2026-07-06 follow-up), fixed by PR #47716.
+    Upstream: #47648 (its follow-up), fixed by PR #47716.
     Remove: with PR #47716 (>= 0.25.0).
 
 kv_cache_groups (a stop)
