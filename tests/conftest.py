@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.patches import ALL
+from tests.cases import CASES, SWA, module_file
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -186,23 +187,9 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     return root
 
 
-# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap), and a
-# hybrid-off grouping that keeps the layout (as vLLM 0.28.0's does).
-FIXED = {
-    "vllm/v1/core/kv_cache_utils.py": [
-        ("compress_ratio=spec.compress_ratio,",
-         "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")],
-    "vllm/v1/attention/backends/mla/sparse_swa.py": [
-        ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),')],
-    "vllm/models/deepseek_v4/attention.py": [
-        ("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype), alignment=576,')],
-    "vllm/models/deepseek_v4/nvidia/dspark.py": [
-        ("{self.config.num_hidden_layers + stage}", "{stage}")],
-}
+# The stand-in with the upstream fix of every patch (tests/cases.py: vllm-project/vllm PR #47716, the
+# released remap, and a hybrid-off grouping that keeps the layout, as vLLM 0.28.0's does).
+FIXED = {module_file(p): CASES[p.name].fix for p in ALL if CASES[p.name].fix}
 
 
 def listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -238,7 +225,7 @@ def fixed_standin(tmp_path):
     return edited_standin(tmp_path / "standin", FIXED)
 
 
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
+SWA_FILE = module_file(SWA)
 SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
 
 
