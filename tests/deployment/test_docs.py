@@ -152,8 +152,7 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
     assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
     # The lists of patch names a new patch is added to, each where the guide says it is.
-    for name, path in (("PATCHES", "tests/conftest.py"), ("IS_ORIGINAL", "tests/conftest.py"),
-                       ("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
+    for name, path in (("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
                        ("OUTPUTS", "tests/patches/faults.py"),
                        ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
                        ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
