@@ -155,6 +155,5 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     for name, path in (("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
                        ("OUTPUTS", "tests/patches/faults.py"),
                        ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
-                       ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
                        ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
         assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name
