@@ -151,9 +151,10 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     guide = (REPO / "docs" / "WRITING_A_PATCH.md").read_text()
     paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
     assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
-    # The lists of patch names a new patch is added to, each where the guide says it is.
-    for name, path in (("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
-                       ("OUTPUTS", "tests/patches/faults.py"),
-                       ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
-                       ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
-        assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name
+    # The tables a new patch adds its rows to, and what is built from them, each where the guide says it is.
+    for name, path in (("CASES", "tests/cases.py"), ("FAULTS", "tests/cases.py"), ("FIXED", "tests/conftest.py")):
+        defined = re.search(rf"^{name}\b[^=\n]* = ", (REPO / path).read_text(), re.MULTILINE)
+        assert f"`{name}`" in guide and defined, name
+    # Each role the guide names is one tests/cases.py reads from ALL.
+    for role in ("STOP", "GUARDS", "VIEW_GUARD", "SPECS", "CORRECTIONS"):
+        assert f"`{role}`" in guide and re.search(rf"^{role} = ", (REPO / "tests/cases.py").read_text(), re.MULTILINE)
