@@ -57,6 +57,8 @@ def interpreter_of(path: str, args: list[str]) -> list[str] | None:
         if os.path.basename(words[0]) == "env":  # env's own options (-S splits the rest) come first
             rest = [w for w in words[1:]]
             while rest and rest[0].startswith("-"):
+                if rest[0] in ("-i", "--ignore-environment"):  # PYTHONPATH is gone: nothing to check
+                    return None
                 rest = rest[1:]
             found = shutil.which(rest[0]) if rest else None
             if found is None:
@@ -105,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
         return 127
-    name = os.path.basename(command[0])
-    if name in NOT_CHAINING:
+    name = next((os.path.basename(w) for w in command if os.path.basename(w) in NOT_CHAINING), "")
+    if name:
         print(f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
               f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
               "dspark-hotfix run -- COMMAND", file=sys.stderr)
@@ -114,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
     if python is None:
-        checked = f"{command[0]} is not a Python program: nothing checked"
+        checked = f"cannot tell whether {command[0]} starts Python with the shim: nothing checked"
     else:
         # Asked of the command's own interpreter with its own options: the shim is
         # active there only if interpreter start imported it.

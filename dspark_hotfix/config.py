@@ -34,13 +34,15 @@ def wrapt_supported(version: str) -> bool:
     return (major, minor) >= (1, 17) and major < 3
 
 
-def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:
+def parse_selection(raw: str | None, known: Iterable[str],
+                    guards: Mapping[str, Iterable[str]] | None = None) -> tuple[frozenset[str], str | None]:
     """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude.
 
-    Names are case-insensitive. Plain names select exactly those patches; with
-    exclusions only, every other patch stays on. Unknown names are ignored; if
-    nothing usable is left, every patch stays on (a typo must not turn the fix
-    off). A name both selected and excluded is excluded.
+    Names are case-insensitive. Plain names select exactly those patches, and the
+    guards of those patches (``guards``: a guard's name and the patches it guards).
+    With exclusions only, every other patch stays on. Unknown names are ignored,
+    with a warning; if nothing usable is left, every patch stays on (a typo must
+    not turn the fix off). A name both selected and excluded is excluded.
     """
     names = tuple(known)
     entries = [entry.strip().lower() for entry in (raw or "").split(",") if entry.strip()]
@@ -51,22 +53,24 @@ def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[st
     problem = (f"{PATCHES}: {len(unknown)} unknown {'name' if len(unknown) == 1 else 'names'} ignored "
                f"({', '.join(shown(name, 40) for name in unknown[:3])}{', ...' if len(unknown) > 3 else ''}; "
                f"known: {', '.join(names)}; prefix a name with '-' to exclude it)") if unknown else None
-    return frozenset(include - exclude) if include else frozenset(names) - exclude, problem
+    selected = include - exclude if include else set(names) - exclude
+    selected |= {guard for guard, of in (guards or {}).items() if selected & set(of) and guard not in exclude}
+    return frozenset(selected), problem
 
 
 class Settings:
     """The switches of this process, with the complaints their values raised."""
 
-    def __init__(self, known: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, known: Iterable[str], environ: Mapping[str, str] | None = None,
+                 guards: Mapping[str, Iterable[str]] | None = None) -> None:
         env = os.environ if environ is None else environ
         self.strict = (env.get(STRICT) or "").strip().lower() in TRUE_WORDS
-        self.selected, selection_problem = parse_selection(env.get(PATCHES), known)
+        self.selected, self.unknown = parse_selection(env.get(PATCHES), known, guards)  # unknown: ignored, warned
         self.problems = [p for p in (switch_problem(ENABLE, env.get(ENABLE), "the shim is OFF"),
-                                     switch_problem(STRICT, env.get(STRICT), "strict mode is off"),
-                                     selection_problem) if p]
+                                     switch_problem(STRICT, env.get(STRICT), "strict mode is off")) if p]
 
 
 @functools.cache
 def settings() -> Settings:
     """This process's switches, read once."""
-    return Settings(p.name for p in ALL)
+    return Settings((p.name for p in ALL), guards={p.name: p.guards for p in ALL if p.guards})

@@ -126,6 +126,7 @@ def report(source: str) -> dict[str, Any]:
     rows: ``status`` prints this, ``doctor`` adds the serving environment."""
     problems = list(config.settings().problems)
     version = None
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # this process's series must not join a server's
     # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
         try:
@@ -141,7 +142,7 @@ def report(source: str) -> dict[str, Any]:
                     problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
     out = registry.status()
-    out["vllm"] = version
+    out.update(vllm=version, warnings=[w for w in [config.settings().unknown] if w])
     return finish(out, problems)
 
 
@@ -161,7 +162,7 @@ def diagnose() -> dict[str, Any]:
     plugin, plugin_problems = _plugin()
     wrapt_version = version_of("wrapt")
     problems = plugin_problems
-    warnings = pythonpath_warnings(entries, site)
+    warnings = out["warnings"] + pythonpath_warnings(entries, site)
     # A tool's wrapper (opentelemetry-instrument) put its sitecustomize ahead of ours: a problem
     # where that leaves no activation path, else a warning.
     ahead = site["ahead"] and (f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so "
@@ -212,13 +213,13 @@ def render(report: dict[str, Any]) -> str:
         + ("allowed" if plugin["allowed"] else f"not allowed by VLLM_PLUGINS={plugin['vllm_plugins']}"),
         f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, dspark_hotfix {versions['dspark_hotfix']}",
     ]
-    lines += [f"WARNING       {w}" for w in report["warnings"]]
     return "\n".join([*lines, render_state(report)])
 
 
 def render_state(report: dict[str, Any]) -> str:
-    """The rows, the problems and the verdict: the end of status's text and of doctor's."""
+    """The rows, the warnings, the problems and the verdict: the end of status's text and of doctor's."""
     lines = [f"patch         {row['name']}: {row['state']}: {row['detail']}" for row in report["patches"]]
+    lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     verdict = report["verdict"]
     lines.append(f"verdict       {verdict}: {state.VERDICTS[verdict]} (exit {report['exit_code']})")

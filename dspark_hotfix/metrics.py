@@ -27,13 +27,11 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import dspark_hotfix
 from dspark_hotfix import state
-
-if TYPE_CHECKING:
-    from dspark_hotfix.registry import Activation
 
 _lock = threading.Lock()  # one publish at a time: a slower one must not write older states over newer
 _gauges: tuple[Any, Any, Any] | None = None  # info, state, needed: made once per process
@@ -49,23 +47,23 @@ def _renew_lock() -> None:
 os.register_at_fork(after_in_child=_renew_lock)
 
 
-def on_import(activation: Activation, module: Any) -> None:
+def on_import(source: str, records: Iterable[state.Record], module: Any) -> None:
     """wrapt's hook on ``prometheus_client``: it runs once the module has run, still inside its import."""
-    publish(activation, module)
+    publish(source, records, module)
 
 
-def publish(activation: Activation, module: Any = None) -> None:
+def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
     """Set the gauges to the records' states; nothing until ``prometheus_client`` has run."""
     if module is None and not getattr(getattr(sys.modules.get("prometheus_client"), "__spec__", None),
                                       "_initializing", True):
         module = sys.modules["prometheus_client"]
-    if not activation.enabled or not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
+    if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
         return
     try:
         with _lock:
-            info, states, needed = _gauges or _make(module, activation)
-            info.labels(dspark_hotfix.__version__, activation.source).set(1)  # a forked child's files start empty
-            for row in state.judge(activation.records.values())["patches"]:
+            info, states, needed = _gauges or _make(module, source, records)
+            info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
+            for row in state.judge(records)["patches"]:
                 name, now = row["name"], row["state"]
                 for left in _shown.setdefault(name, set()) - {now}:
                     states.labels(name, left).set(0)
@@ -77,10 +75,10 @@ def publish(activation: Activation, module: Any = None) -> None:
         _failed(exc)
 
 
-def _make(module: Any, activation: Activation) -> tuple[Any, Any, Any]:
+def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, Any, Any]:
     global _gauges
     # Registered first, so that a scrape of the default registry publishes before it reads the gauges.
-    module.REGISTRY.register(_AtScrape(activation))
+    module.REGISTRY.register(_AtScrape(source, records))
     mode = "liveall"  # per process: see above
     _gauges = (
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
@@ -96,12 +94,12 @@ def _make(module: Any, activation: Activation) -> tuple[Any, Any, Any]:
 class _AtScrape:
     """A collector of no series of its own: it brings the gauges up to date when scraped."""
 
-    def __init__(self, activation: Activation) -> None:
-        self.activation = activation
+    def __init__(self, source: str, records: Iterable[state.Record]) -> None:
+        self.source, self.records = source, records
 
     def collect(self) -> list[Any]:
         if not _lock.locked():  # a scrape during a publish reads what that publish writes
-            publish(self.activation)
+            publish(self.source, self.records)
         return []
 
 

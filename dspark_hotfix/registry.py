@@ -68,22 +68,26 @@ class Activation:
 # holding this lock while waiting for that module would hang both.
 _lock = threading.Lock()
 _active: Activation | None = None
+
+
 def _before_fork() -> None:
-    """A fork waits (10 s at most) for another thread's activation: the child would inherit the import
-    lock of ``vllm``, held by a thread it does not have, and hang on ``import vllm``."""
+    """A fork waits (10 s at most) for an activation under way in another thread: it may hold the
+    import lock of a vLLM module, and a child that inherits it held hangs on that import."""
     if _active is not None and _active.thread != threading.get_ident():
         _active.done.wait(10)
 
 
 def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
-    the fork would hang every import in the child."""
+    the fork would hang every import in the child. An activation the wait gave up on is dropped:
+    the child starts afresh on its own (its hooks, registered or not, then do nothing)."""
     global _lock
     _lock = threading.Lock()
     if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    if _active is not None:
+    if _active is not None and not _active.done.is_set():
         _active.done.set()
+        _discard(_active)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -108,25 +112,33 @@ def activate(source: str) -> None:
     if not mine:
         if activation.thread != threading.get_ident():  # the same thread: a hook of this very activation
             activation.done.wait()
-        metrics.publish(activation)  # a forked child's gauges start empty
+        if activation.enabled:  # a forked child's gauges start empty
+            metrics.publish(activation.source, activation.records.values())
         return
     try:
         _register(activation)
     except BaseException as exc:
-        if not isinstance(exc, HotfixError):  # an interrupt: undo it, so that a later import starts again
-            _active = None
-            for record in activation.records.values():
-                if record.wrapper is not None:
-                    owner, name, _ = state.attribute(record.module, record.patch.qualname)
-                    setattr(owner, name, record.wrapper.__wrapped__)
+        if not isinstance(exc, HotfixError):  # an interrupt: a later import or install() starts again
+            _discard(activation)
         raise
     finally:
         activation.done.set()
     _report(activation)
 
 
+def _discard(activation: Activation) -> None:
+    """Undo an activation that did not finish: what it wrapped is vLLM's own again."""
+    global _active
+    _active = None
+    for record in activation.records.values():
+        if record.wrapper is not None:
+            owner, name, _ = state.attribute(record.module, record.patch.qualname)
+            setattr(owner, name, record.wrapper.__wrapped__)
+
+
 def _register(activation: Activation) -> None:
-    for problem in activation.settings.problems if activation.enabled else ():
+    settings = activation.settings
+    for problem in [*settings.problems, *filter(None, [settings.unknown])] if activation.enabled else ():
         log(logging.WARNING, problem)
     try:
         import wrapt
@@ -136,14 +148,15 @@ def _register(activation: Activation) -> None:
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
             else:
                 record.detail = f"{record.patch.module} was part-way imported by this thread when the shim activated"
-        _wait_for("prometheus_client")
-        wrapt.register_post_import_hook(functools.partial(metrics.on_import, activation), "prometheus_client")
+        if activation.enabled and _wait_for("prometheus_client"):
+            hook = functools.partial(metrics.on_import, activation.source, activation.records.values())
+            wrapt.register_post_import_hook(hook, "prometheus_client")
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
         for record in activation.records.values():
-            _settle(activation, record, FAILED, None, why)
+            _set_state(activation, record, FAILED, None, why)
         _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
                                 f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
 
@@ -174,9 +187,11 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the guards it lets judge, the log line and the gauges. Then, once every
-    other patch is judged, an ``everywhere`` patch whose module vLLM did not import here
-    (``kv_cache_groups`` in a tensor-parallel worker) is imported, so every process kind gives one verdict."""
+    """After a decision: the guards it lets judge, the log line and the gauges.
+
+    Then, once every other patch is judged, an ``everywhere`` patch whose module vLLM did not
+    import here is imported, so that every process kind gives one verdict (a tensor-parallel
+    worker may never import the KV-cache grouping)."""
     for guard in activation.records.values():
         if guard.patch.guards and guard.state == PENDING:
             _decide(activation, guard, guard.module)
@@ -186,7 +201,8 @@ def _report(activation: Activation) -> None:
     if line is not None and new:
         log(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
                           f"{line}")
-    metrics.publish(activation)
+    if activation.enabled:
+        metrics.publish(activation.source, activation.records.values())
     records = activation.records.values()
     if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
         for r in records:
@@ -222,18 +238,16 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
-    settled = _settle(activation, record, word, needed, why, target)
+    settled = _set_state(activation, record, word, needed, why, target)
     if settled == FAILED:
         _fail(activation, patch, f"cannot patch {patch.target}: {why} ({_remedy(patch)})", unpatched=True)
-    elif settled == EXCLUDED and needed is not False:
-        log(logging.WARNING, f"{config.PATCHES} leaves off what this vLLM needs: {patch.name}")
 
 
 def _remedy(patch: Patch) -> str:
     return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
 
 
-def _settle(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
+def _set_state(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
             target: tuple[Any, str, Any] | None = None) -> str | None:
     """Record the one decision on ``record``, exactly once, where the switches
     allow it; wrap vLLM's function if it is to be patched."""

@@ -33,14 +33,14 @@ STATES = (PATCHED, RAISED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)
 # The verdict: one word for the process, and what it means. Exit codes of status and doctor.
 VERDICTS = {
     "fixing": "this vLLM has the reported bug, and the shim corrects it",
-    "guarding": "the bug is fixed upstream; the shim still stops DeepSeek-V4 with the hybrid KV cache manager off, "
-                "early and clearly (kv_cache_groups); remove it once every image says removable",
+    "guarding": "the bug is fixed upstream; the shim still stops early and clearly what this vLLM would crash on "
+                "(Patch.stops); remove it once every image says removable",
     "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",
     "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
     "problem": "a patch this vLLM needs is not in place",
 }
 EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict, or any problem: 1
-PROBLEM, USAGE = 1, 2
+PROBLEM = 1
 EXIT_CODES = """\
 exit status of status and doctor:
   0  fixing or guarding: the fix is active where this vLLM needs it
@@ -135,7 +135,7 @@ def exit_code(report: dict[str, Any]) -> int:
 
 def line(records: Iterable[Record]) -> str | None:
     """The log line's state, or None while it waits: for every patch, and for a guard whose module
-    is imported, not for one whose module this process may never import (kv_view_guard in an API server)."""
+    is imported, not for one whose module this process may never import (a guard of the V2 runner in an API server)."""
     records = list(records)
     if any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules) for r in records):
         return None

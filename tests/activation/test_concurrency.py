@@ -20,6 +20,7 @@ import pytest
 from tests.cases import STOP, VIEW_GUARD
 from tests.conftest import (
     ALL_PATCHED,
+    CHILD_TIMEOUT,
     IMPORT_ALL,
     PATCHES,
     REPO,
@@ -170,7 +171,7 @@ print(json.dumps(seen))
     assert seen == {"wrapped": True, "states": ALL_INSTALLED}, proc.stderr
 
 
-def fork_during_activation(hooks_before_fork: int) -> subprocess.CompletedProcess[str]:
+def fork_during_activation(hooks_before_fork: int, stall: float = 0.3) -> subprocess.CompletedProcess[str]:
     """A thread activates (every hook registration slowed down); the main thread forks once
     ``hooks_before_fork`` hooks are registered (and fired: every target module is imported). The child
     calls install() itself and writes its status and wrap depths to the parent, which prints them."""
@@ -185,7 +186,7 @@ def slow(hook, name):
     calls.append(name)
     if os.getpid() == parent and len(calls) == {hooks_before_fork + 1}:
         inside.set()
-        time.sleep(0.3)
+        time.sleep({stall})
     return register(hook, name)
 
 wrapt.register_post_import_hook = slow
@@ -215,7 +216,18 @@ os.waitpid(pid, 0)
 activating.join()
 print(report)
 """
-    return child(code, path=(STANDIN,))
+    return child(code, path=(STANDIN,), timeout=CHILD_TIMEOUT + stall)
+
+
+@pytest.mark.parametrize("hooks_before_fork", [0, 2])
+def test_a_child_forked_from_an_activation_that_outlasts_the_wait_starts_afresh_and_whole(hooks_before_fork):
+    # The fork waits 10 s; this activation takes 11. The child drops it (and undoes what it wrapped).
+    proc = fork_during_activation(hooks_before_fork, stall=11)
+    assert proc.returncode == 0, proc.stderr
+    source, rows, depth = last_json(proc.stdout)
+    assert source == "child", rows
+    assert {name: state for name, (state, _) in rows.items()} == ALL_INSTALLED, rows
+    assert depth == dict.fromkeys(PATCHES, 1)
 
 
 @pytest.mark.parametrize("hooks_before_fork", [0, 2])

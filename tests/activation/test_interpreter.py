@@ -31,6 +31,7 @@ from tests.conftest import (
     listing,
     run_in_env,
     run_python,
+    state_of,
     summary_lines,
     warning_lines,
 )
@@ -142,6 +143,8 @@ def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
         assert row["state"] == "failed" and "wrapt" in row["detail"], row
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt" in warnings[0] and "vLLM runs unpatched" in warnings[0]
+    # The documented alert finds it: the process's last state line says problem.
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(PATCHES)} failed ("), proc.stderr
 
 
 @pytest.mark.parametrize("flag", ["-S", "-I"])

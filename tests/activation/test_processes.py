@@ -18,6 +18,7 @@ from tests.conftest import (
     IMPORT_ALL,
     PATCHES,
     REPO,
+    RUNNER_PENDING,
     WRAP_DEPTH,
     json_lines,
     last_json,
@@ -77,7 +78,11 @@ def test_sixteen_threads_importing_at_once_apply_each_patch_exactly_once(attempt
     assert errors == []
     assert depth == dict.fromkeys(PATCHES, 1)  # Class.__dict__[m].__wrapped__ is vLLM's plain function
     assert states == dict.fromkeys(PATCHES, "patched")
-    assert len(summary_lines(proc.stderr)) == 1, proc.stderr  # one registry, decided once
+    # One registry, each patch decided once: one line, or two where the runner's module (a guard's) came
+    # after the others were judged, which sixteen threads at once can order either way.
+    lines = [state_of(line) for line in summary_lines(proc.stderr)]
+    assert lines[-1] == ALL_PATCHED and len(lines) <= 2, proc.stderr
+    assert lines[:-1] in ([], [RUNNER_PENDING]), lines
     assert warning_lines(proc.stderr) == []
 
 

@@ -126,7 +126,7 @@ def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):
     proc = launch(tmp_path, "dspark-hotfix-no-such-command-4711")
     assert proc.returncode == 127
     assert "dspark-hotfix-no-such-command-4711: command not found" in proc.stderr
-    assert "not a Python program" not in proc.stderr
+    assert "nothing checked" not in proc.stderr
 
 
 def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
@@ -153,3 +153,20 @@ def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_m
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
     assert f"{bare / 'bin' / 'python'} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
+
+
+def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_path):
+    script = tmp_path / "serve"
+    script.write_text(f"#!/usr/bin/env -S -i {sys.executable}\n{PROBE}\n")
+    script.chmod(0o755)
+    proc = launch(tmp_path, str(script))
+    assert proc.stdout == "ACTIVE False\n", proc.stderr  # what the launcher cannot change
+    assert "starts it" not in proc.stderr and f"cannot tell whether {script} starts Python" in proc.stderr
+
+
+def test_run_refuses_opentelemetry_instrument_started_by_python_as_by_its_own_name(tmp_path):
+    tool = tmp_path / "opentelemetry-instrument"
+    tool.write_text(f"#!{sys.executable}\nimport sys\n")
+    proc = launch(tmp_path, sys.executable, str(tool), sys.executable, "-c", PROBE)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert "opentelemetry-instrument puts its own sitecustomize ahead of ours" in proc.stderr

@@ -19,6 +19,7 @@ from tests.conftest import (
     child,
     clean_env,
     copy_of_shim,
+    edited_standin,
     run_in_env,
     run_in_venv,
     run_python,
@@ -191,3 +192,23 @@ def test_doctor_warns_about_the_working_directory_on_the_path(tmp_path):
     assert "PYTHONPATH has relative entries, whose meaning depends on the working directory: 'relative/dir'" \
         in warnings
     assert any(w.endswith(f"{tmp_path / 'sitecustomize.py'}, from the working directory") for w in warnings)
+
+
+def test_doctor_prints_a_value_that_is_not_utf_8_and_exits_as_its_json_says(tmp_path):
+    env = {"VLLM_PLUGINS": "other,\udcff", "PYTHONIOENCODING": "utf-8"}  # one byte 0xff, as the OS gave it
+    text = doctor(tmp_path, (STARTUP, STANDIN), **env)
+    report = json.loads(doctor(tmp_path, (STARTUP, STANDIN), "--json", **env).stdout)
+    assert "Traceback" not in text.stderr and "VLLM_PLUGINS=other,\\udcff" in text.stdout, text.stderr[-500:]
+    assert text.returncode == report["exit_code"] == 0, report["problems"]
+
+
+def test_status_leaves_no_series_of_its_own_in_a_servers_multiprocess_directory(tmp_path):
+    metrics = tmp_path / "prometheus"
+    metrics.mkdir()
+    # vLLM imports prometheus_client, as the stand-in does not.
+    imports = ("__version__ =", "import prometheus_client\n__version__ =")
+    standin = edited_standin(tmp_path / "standin", {"vllm/__init__.py": [imports]})
+    proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status']))",
+                      path=(STARTUP, standin), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)}, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(metrics.iterdir()) == []

@@ -3,26 +3,50 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from dspark_hotfix import config
-from tests.cases import CORRECTIONS, PATCHES, REMAP, SWA, VIEW_GUARD
+from tests.cases import CORRECTIONS, PATCHES, REMAP, STOP, SWA, VIEW_GUARD, module_file
 from tests.conftest import (
     ENGINE_CORE_FIRST,
+    FIXED,
     IMPORT_ALL,
+    REPO,
     RUNNER,
+    STANDIN,
     STATUS,
     child,
+    edited_standin,
     last_json,
     run_python,
     warning_lines,
 )
 
 
-def test_selection_patches_only_the_named_patch():
+def test_selection_patches_only_the_named_patch_and_its_guard():
     rows = last_json(run_python(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": SWA.name}).stdout)
-    assert rows[SWA.name]["state"] == "patched"
-    assert {rows[n]["state"] for n in PATCHES if n != SWA.name} == {"excluded"}
+    assert rows[SWA.name]["state"] == rows[VIEW_GUARD.name]["state"] == "patched"
+    assert {rows[n]["state"] for n in PATCHES if n not in (SWA.name, VIEW_GUARD.name)} == {"excluded"}
+
+
+STARTUP = REPO / "dspark_hotfix" / "startup"
+
+
+def test_selecting_only_the_hybrid_off_stop_brings_its_guard_and_status_exits_0(tmp_path):
+    # A build like vLLM 0.25.0: the reported bug fixed, the hybrid-off grouping not.
+    released = edited_standin(tmp_path / "standin", {k: v for k, v in FIXED.items() if k != module_file(STOP)})
+    proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status', '--json']))",
+                      path=(STARTUP, released), env={"DSPARK_HOTFIX_PATCHES": STOP.name}, check=False)
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["verdict"]) == (0, "guarding"), report["problems"]
+    assert {r["name"]: r["state"] for r in report["patches"]}[VIEW_GUARD.name] == "patched"
+
+
+def test_an_unknown_name_is_a_warning_in_status_not_a_problem():
+    proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status']))",
+                      path=(STARTUP, STANDIN), env={"DSPARK_HOTFIX_PATCHES": "-swa_kv_cache_spc"}, check=False)
+    assert proc.returncode == 0 and "WARNING       DSPARK_HOTFIX_PATCHES: 1 unknown name ignored" in proc.stdout
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
@@ -35,8 +59,7 @@ def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_deci
     proc = run_python(ENGINE_CORE_FIRST + f"import {RUNNER}\n", env={"DSPARK_HOTFIX_PATCHES": f"-{VIEW_GUARD.name}"})
     lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
-    warned = lines.index(f"DSPARK_HOTFIX_PATCHES leaves off what this vLLM needs: {VIEW_GUARD.name}")
-    assert warned > first  # decided when the V2 runner's module came, after the first line
+    assert lines[first].endswith(f"1 pending ({VIEW_GUARD.name} until {RUNNER} is imported)")
     patched = [name for name in PATCHES if name != VIEW_GUARD.name]
     assert lines[-1].endswith(f"problem: {len(patched)} patched ({', '.join(patched)}), "
                               f"1 excluded ({VIEW_GUARD.name})")
