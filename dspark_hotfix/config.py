@@ -20,18 +20,10 @@ PATCHES = "DSPARK_HOTFIX_PATCHES"
 STRICT = "DSPARK_HOTFIX_STRICT"
 
 # The wrapt releases the tests run: 1.17.3 (what the Dockerfile installs) and the newest 2.x.
-WRAPT_RANGE = "1.17 to 2.x"
+WRAPT_OLDEST, WRAPT_NEWEST_MAJOR = (1, 17), 2
+WRAPT_RANGE = f"{WRAPT_OLDEST[0]}.{WRAPT_OLDEST[1]} to {WRAPT_NEWEST_MAJOR}.x"
 
 __all__ = ["ENABLE", "PATCHES", "STRICT", "Settings", "settings"]
-
-
-def wrapt_supported(version: str) -> bool:
-    """Whether ``version`` is in WRAPT_RANGE."""
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (1, 17) and major < 3
 
 
 def parse_selection(raw: str | None, known: Iterable[str],

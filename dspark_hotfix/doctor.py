@@ -33,6 +33,15 @@ def version_of(dist: str) -> str | None:
         return None
 
 
+def wrapt_supported(version: str) -> bool:
+    """Whether ``version`` is in config.WRAPT_RANGE."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return config.WRAPT_OLDEST <= (major, minor) and major <= config.WRAPT_NEWEST_MAJOR
+
+
 def cut(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
@@ -185,7 +194,7 @@ def diagnose() -> dict[str, Any]:
         if wrapt_version is None:
             problems.append(f"wrapt is not installed for {sys.executable}: {sys.executable} -m pip install "
                             "wrapt==1.17.3")
-        elif not config.wrapt_supported(wrapt_version):
+        elif not wrapt_supported(wrapt_version):
             problems.append(f"wrapt {wrapt_version} is not one the shim is tested with ({config.WRAPT_RANGE}): "
                             "install e.g. wrapt==1.17.3")
     if ahead and ahead not in problems:

@@ -189,9 +189,9 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 def _report(activation: Activation) -> None:
     """After a decision: the guards it lets judge, the log line and the gauges.
 
-    Then, once every other patch is judged, an ``everywhere`` patch whose module vLLM did not
-    import here is imported, so that every process kind gives one verdict (a tensor-parallel
-    worker may never import the KV-cache grouping)."""
+    Then, once every other patch is judged, the registry imports an ``everywhere`` patch's
+    module where vLLM did not: a tensor-parallel worker may never import the KV-cache
+    grouping. So every process kind gives one verdict."""
     for guard in activation.records.values():
         if guard.patch.guards and guard.state == PENDING:
             _decide(activation, guard, guard.module)

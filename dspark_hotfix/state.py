@@ -134,8 +134,9 @@ def exit_code(report: dict[str, Any]) -> int:
 
 
 def line(records: Iterable[Record]) -> str | None:
-    """The log line's state, or None while it waits: for every patch, and for a guard whose module
-    is imported, not for one whose module this process may never import (a guard of the V2 runner in an API server)."""
+    """The log line's state, or None while it waits: for every patch, and for a guard whose
+    module is imported. It does not wait for a guard whose module this process may never
+    import (the V2 runner's, in an API server)."""
     records = list(records)
     if any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules) for r in records):
         return None

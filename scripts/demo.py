@@ -3,6 +3,7 @@
 Runs the stand-in engine's start (draft weight loading, KV-cache warm-up, the
 FlashMLA shape check) twice in fresh interpreters, as ``vllm serve`` would
 start: once with ``DSPARK_HOTFIX=0`` and once with the shim on ``PYTHONPATH``.
+Then it says which patch made each change, and what to do next.
 """
 
 from __future__ import annotations
@@ -15,16 +16,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
+# The engine start, then what the shim did there: each patch's row, with its corrections.
+START = """
+import json, warmup
+report = warmup.run()
+import dspark_hotfix
+report["patches"] = {row["name"]: row for row in dspark_hotfix.status()["patches"]}
+print(json.dumps(report))
+"""
 
 
 def start(enabled: bool) -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(STANDIN)])
     env["DSPARK_HOTFIX"] = "1" if enabled else "0"
-    proc = subprocess.run(
-        [sys.executable, str(STANDIN / "warmup.py")], env=env, capture_output=True, text=True, check=True
-    )
+    proc = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout), proc.stderr
+
+
+def width(report: dict) -> int:
+    return report["views"]["draft.0.swa"]["shape"][-1]
+
+
+def draft_layers(report: dict) -> int:
+    return sum(1 for name in report["loaded"] or () if name.startswith("model.layers."))
 
 
 def main() -> int:
@@ -32,17 +47,39 @@ def main() -> int:
     print("Stand-in for vLLM 0.23.1rc1.dev788 (DeepSeek-V4-Flash-DSpark, --kv-cache-dtype fp8, dspark)\n")
     for arm, (report, log) in arms.items():
         view = report["views"].get("draft.0.swa")
-        layers = sorted(n for n in report["loaded"] or () if n.startswith("model.layers."))
         print(f"== {arm}")
         if log.strip():
             print("   shim log:\n" + "\n".join(f"     {line}" for line in log.strip().splitlines()))
-        print(f"   draft layer weights loaded: {len(layers)} of 6")
+        print(f"   draft layer weights loaded: {draft_layers(report)} of 6")
         if view:
             print(f"   draft SWA KV view: shape {tuple(view['shape'])}, strides {tuple(view['stride'])}")
         print(f"   engine start: {'FAILED: ' + report['error'] if report['error'] else 'ok'}\n")
-    fixed = arms["DSPARK_HOTFIX=1"][0]["error"] is None and arms["DSPARK_HOTFIX=0"][0]["error"]
-    print("The shim turns the crash into a working start." if fixed else "UNEXPECTED: see above.")
-    return 0 if fixed else 1
+    (off, _), (on, _) = arms.values()
+    fixed = on["error"] is None and off["error"]
+    if not fixed:
+        print("UNEXPECTED: see above.")
+        return 1
+    done = {name: row["corrections"] for name, row in on["patches"].items()}
+    print("What changed, and which patch changed it:")
+    print(f"   KV view width {width(off)} -> {width(on)} bytes/token: swa_kv_cache_spec corrected "
+          f"{done['swa_kv_cache_spec']} sliding-window specs,")
+    print(f"     attention_kv_cache_spec {done['attention_kv_cache_spec']} compressed-attention spec.")
+    print("     The build's specs lack kv_quant_mode, so the V2 runner views 584-byte rows as 512.")
+    print("     FlashMLA refuses that view: the RuntimeError above.")
+    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: remap_dspark_name corrected "
+          f"{done['remap_dspark_name']} names.")
+    print("     The second bug, and a silent one. The build loads mtp.{i}.* into model.layers.{43+i}.*,")
+    print("     which the draft does not have, so its loader skips them without a word.")
+    print("     The draft would run on random weights and accept almost nothing; the crash hides it.")
+    print("     Where it happens, the draft_load_coverage guard logs an ERROR naming the weights.\n")
+    print("Next: in your serving image, with the server's environment, run")
+    print("   dspark-hotfix doctor")
+    print("Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the launcher:")
+    print("   dspark-hotfix run -- vllm serve deepseek-ai/DeepSeek-V4-Flash-DSpark --spec-method dspark ...")
+    print("or put the start-up hook on PYTHONPATH yourself:")
+    print('   export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"')
+    print("README.md says how to install it, and what each exit code means.")
+    return 0
 
 
 if __name__ == "__main__":

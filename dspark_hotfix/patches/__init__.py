@@ -26,15 +26,15 @@ swa_kv_cache_spec
     Why: the same for the sliding-window cache, the tensor FlashMLA rejects
     (DSpark draft layers have only this cache).
     How it decides: as above, with a stand-in SWA layer.
-    Upstream: #47648 (2026-07-06 follow-up), fixed by PR #47716.
+    Upstream: #47648 (its follow-up), fixed by PR #47716.
     Remove: with PR #47716 (>= 0.25.0).
 
 kv_cache_groups (a stop)
     Target: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``.
     Why: with the hybrid KV cache manager off (the flag, or a KV connector without
     support for it), vLLM 0.25.0 to 0.27.1 rebuild the sliding-window specs without
-    the layout (the reported error, on released vLLM) and every compressor state at
-    block size 256; no small patch makes that path right (docs/evidence/hybrid-off.md).
+    the layout: the reported error, on released vLLM. They also put every compressor
+    state at block size 256; no small patch makes that path right (docs/evidence/hybrid-off.md).
     How it decides: vLLM's function converts a stand-in DeepSeek-V4 pair with the
     hybrid manager off; applied if the sliding-window spec loses its layout. It then
     stops such an engine at KV-cache grouping with the cause and what helps.

@@ -1,9 +1,8 @@
 """What a patch is: a target, a probe that decides, and the replacement.
 
 A patch module shows its replacement first: a plain function that takes vLLM's
-own function as its first argument (positional-only), calls it first, and
-passes its answer through a correction that is a plain function of values (a
-stop raises its finding before calling it).
+own function as its first argument (positional-only). It calls vLLM first and passes the answer through a correction,
+a plain function of values. A stop raises its finding before calling vLLM.
 Patches never import the registry: a guard that finds something wrong raises
 :class:`Finding`, and the registry alone decides what that means.
 """

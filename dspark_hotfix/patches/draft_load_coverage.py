@@ -10,13 +10,13 @@ Cause and upstream: see ``remap_dspark_name`` (vllm-project/vllm#47648).
 Decision: applied where ``remap_dspark_name`` is needed, after the draft's
 ``load_weights``. It reads the returned set of loaded names the way vLLM's own
 ``DefaultModelLoader`` does: ``None`` means the model does not track what it
-loaded, so there is nothing to check; otherwise a registered draft parameter
-missing from the set is a :class:`Finding`, except parameters shared with the
-target model (``embed_tokens``, ``lm_head``) and, as vLLM's
-``track_weights_loading`` exempts them, every parameter of a module whose
-quantization method fills it after loading (KV-cache and online-quantization
-scales). The registry logs it as an error naming them (strict mode: the load
-stops). The result is never changed.
+loaded, so there is nothing to check. Otherwise a registered draft parameter
+missing from the set is a :class:`Finding`. Two kinds are exempt: parameters
+shared with the target model (``embed_tokens``, ``lm_head``), and, as vLLM's
+``track_weights_loading`` exempts them, the parameters of a module whose
+quantization method fills them after loading (KV-cache and online-quantization
+scales). The registry logs the finding as an error naming them (strict mode:
+the load stops). The result is never changed.
 
 Removal: with ``remap_dspark_name``.
 """

@@ -1,36 +1,31 @@
 """kv_cache_groups: a stop, not a correction: DeepSeek-V4 with the hybrid KV cache manager off.
 
-Symptom: with the hybrid KV cache manager off (``--disable-hybrid-kv-cache-manager``,
-or vLLM turning it off for a ``--kv-transfer-config`` connector without support
-for it, as in many prefill/decode-disaggregated setups), released vLLM 0.25.0
-dies with the reported ``RuntimeError: kv must have shape (num_blocks,
-page_block_size, h_kv, bytes_per_token)``, upstream's fix notwithstanding.
+Symptom: with the hybrid KV cache manager off, released vLLM 0.25.0 dies with
+the reported ``RuntimeError: kv must have shape (num_blocks, page_block_size,
+h_kv, bytes_per_token)``, upstream's fix notwithstanding. The manager is off
+with ``--disable-hybrid-kv-cache-manager``, or where vLLM turns it off for a
+``--kv-transfer-config`` connector without support for it (many
+prefill/decode-disaggregated setups).
 
 Cause: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups`` then rebuilds every
-``SlidingWindowMLASpec`` as a full-attention ``MLAAttentionSpec`` without
-``kv_quant_mode`` (the V2 runner views it at 512 bytes/token, FlashMLA rejects
-it) and at the full-attention block size (256), compressor states included,
-whose kernels take 4 and 8. Carrying ``kv_quant_mode`` through is not enough
-(measured on an H200: the C128 kernel then refuses block size 256), and one
-group of one block size cannot hold those caches at all: DeepSeek-V4 needs the
-hybrid manager. Measured on the CPU with vLLM's own code (docs/evidence/
-hybrid-off.md): 0.25.0 to 0.27.1 lose the layout there; 0.28.0 and 0.29.0 keep
-it and stop later, at the compressor-state block size; 0.33.0 raises in the
-conversion.
+``SlidingWindowMLASpec`` as a full-attention ``MLAAttentionSpec``. The rebuilt
+spec has no ``kv_quant_mode``, so the V2 runner views it at 512 bytes/token
+and FlashMLA rejects it. It also gets the full-attention block size (256),
+compressor states included, whose kernels take 4 and 8. So carrying
+``kv_quant_mode`` through is not enough: DeepSeek-V4 needs the hybrid manager.
+docs/evidence/hybrid-off.md has the measurements, release by release.
 
-Upstream: vllm-project/vllm#47776 (open when last seen).
+Upstream: vllm-project/vllm#47776.
 
 Decision: at import, vLLM's ``get_kv_cache_groups`` converts a stand-in pair of
-DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off; the patch is
-applied only if the sliding-window one comes back without the layout. Where
-vLLM has no ``kv_cache_utils.get_kv_cache_groups`` (0.33.0 groups elsewhere,
-and fails otherwise), it is not needed. Applied, it stops such an engine at KV-cache
-grouping, before the KV cache is allocated and before FlashMLA runs (measured on
-an H200: docs/evidence/hybrid-off.md), naming what turned the manager off and
-what helps. Everything else passes through untouched.
+DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off. The patch is
+applied only if the sliding-window spec comes back without the layout. Where
+vLLM has no ``kv_cache_utils.get_kv_cache_groups`` (0.33.0 groups elsewhere),
+it is not needed. Applied, it stops such an engine at KV-cache grouping,
+before the KV cache is allocated and before FlashMLA runs. Its error names
+what turned the manager off and what helps. Everything else passes through.
 
-Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on); no
-release measured runs DeepSeek-V4 with the hybrid manager off at all.
+Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 """
 
 from __future__ import annotations

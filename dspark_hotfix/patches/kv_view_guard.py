@@ -1,22 +1,21 @@
 """kv_view_guard: a guard, not a correction: the V2 runner's DeepSeek-V4 KV views.
 
-Symptom: should a DeepSeek-V4 ``fp8_ds_mla`` spec reach vLLM's V2 model runner
-without its quantization mode anyway (a spec patch excluded or unable to
-apply, a spec class this shim does not know), the runner builds a
-512-byte-per-token view over the padded pages and FlashMLA fails later, on
-the first decode, with the cryptic ``kv must have shape (num_blocks,
-page_block_size, h_kv, bytes_per_token)``.
+Symptom: a DeepSeek-V4 ``fp8_ds_mla`` spec may still reach vLLM's V2 model runner without
+its quantization mode: a spec patch excluded or unable to apply, or a spec class
+this shim does not know. The runner then builds a 512-byte-per-token view over the
+padded pages. FlashMLA fails later, on the first decode, with the cryptic
+``kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)``.
 
 Cause and upstream: see ``swa_kv_cache_spec`` (vllm-project/vllm#47648,
 PR #47716; the ``"auto"`` rule came with PR #42890).
 
 Decision: applied where a spec patch is needed, or the ``kv_cache_groups``
-stop (the hybrid-off path that loses the layout), after vLLM's
+stop (the hybrid-off path that loses the layout). It runs after vLLM's
 ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache`` (vLLM 0.25.0 to 0.28.0
-have it). It checks every DeepSeek-V4 ``fp8_ds_mla`` view the runner built; a
-view that is not 584 bytes wide is a :class:`Finding`, which the registry turns
-into an error naming the layers, the spec and the patch that did not apply,
-instead of FlashMLA's. It never changes a view.
+have it) and checks every DeepSeek-V4 ``fp8_ds_mla`` view the runner built.
+A view that is not 584 bytes wide is a :class:`Finding`. The registry turns it
+into an error that names the layers, the spec and the patch that did not apply.
+It never changes a view.
 
 Removal: with the spec patches.
 """

@@ -11,7 +11,7 @@ Cause: ``DeepseekV4SWACache.get_kv_cache_spec`` returns a
 DSpark forces views it with cache dtype ``"auto"``: a ``(num_blocks, 64, 512)``
 view over 37440-byte pages instead of ``(num_blocks, 64, 584)``.
 
-Upstream: vllm-project/vllm#47648 (the 2026-07-06 follow-up found that fixing
+Upstream: vllm-project/vllm#47648 (a follow-up there found that fixing
 only the attention spec still crashed); fixed by PR #47716; regression from
 PR #42890.
 

@@ -5,7 +5,11 @@ directory), in a fresh venv that stands for a serving image: the project's
 recipes run in a checkout of the project, installing it as written, the stand-in build importable through a
 ``.pth`` file, as an image's vLLM is, and a ``vllm`` command that imports the
 DeepSeek-V4 targets and prints what the shim did. A block that needs what this
-machine lacks starts with ``# needs: <what>, <where it is tested instead>``.
+machine lacks starts with ``# needs: <what>, <where it is tested instead>``. A block that
+uninstalls the shim must leave the image without it; the wheel goes back for the blocks after it.
+
+Then the docs' consistency: each rule in one place, the words and codes as the code has them, the links
+that resolve, the size an operator reads, and the demo's story.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from dspark_hotfix import state
+from dspark_hotfix.patches import ALL
 from tests.conftest import REPO, STANDIN, clean_env
 
 DOCS = ("README.md", "docs/OPERATORS.md")
-BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+BLOCK = re.compile(r"^( *)```sh\n(.*?)^\1```", re.MULTILINE | re.DOTALL)  # indented ones too (in a list)
+UNINSTALL = "pip uninstall -y dspark-hotfix"
 STUB = """#!{python}
 import json, sys
 import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
@@ -33,7 +41,8 @@ print("vllm-stub " + json.dumps({{"status": dspark_hotfix.status(), "sys_path": 
 
 
 def recipes() -> list[tuple[str, int, str]]:
-    return [(doc, n, block) for doc in DOCS for n, block in enumerate(BLOCK.findall((REPO / doc).read_text()))]
+    return [(doc, n, textwrap.dedent(block)) for doc in DOCS
+            for n, (_, block) in enumerate(BLOCK.findall((REPO / doc).read_text()))]
 
 
 @pytest.fixture(scope="session")
@@ -79,6 +88,14 @@ def test_recipe_runs_and_patches_every_vllm_it_starts(image, wheel, doc, n, bloc
             states = {row["state"] for row in seen["status"]["patches"]}
             assert states == {"patched"}, f"{doc} block {n}: {seen['status']}"
             assert "" not in seen["sys_path"] and str(image["checkout"]) not in seen["sys_path"], seen["sys_path"]
+    if UNINSTALL in block:
+        python = str(image["bin"] / "python")
+        gone = subprocess.run([python, "-c", "import importlib.util as u, vllm.models.deepseek_v4.attention, sys; "
+                               "print(u.find_spec('dspark_hotfix'), 'dspark_hotfix' in sys.modules)"],
+                              env=env, cwd=image["other"], capture_output=True, text=True, check=True)
+        assert gone.stdout.split() == ["None", "False"] and "dspark_hotfix" not in gone.stderr, gone
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheel)],
+                       check=True)  # back, for the blocks after this one
 
 
 def test_every_recipe_that_does_not_run_here_says_what_it_needs_and_where_it_is_tested():
@@ -158,3 +175,90 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     # Each role the guide names is one tests/cases.py reads from ALL.
     for role in ("STOP", "GUARDS", "VIEW_GUARD", "SPECS", "CORRECTIONS"):
         assert f"`{role}`" in guide and re.search(rf"^{role} = ", (REPO / "tests/cases.py").read_text(), re.MULTILINE)
+
+
+# Each rule in one place. The docs an operator reads, and the pages generated from code and evidence.
+OPERATOR_DOCS = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "SECURITY.md")
+GENERATED = ("docs/MATRIX.md", "docs/BENCHMARKS.md")  # scripts/matrix.py, bench/run.py
+HAND_WRITTEN = (*(d for d in OPERATOR_DOCS if d not in GENERATED), "CHANGELOG.md")
+
+
+def text(doc: str) -> str:
+    return (REPO / doc).read_text()
+
+
+def test_the_verdicts_and_exit_codes_are_written_once_as_the_code_has_them():
+    tables = [doc for doc in HAND_WRITTEN if "| exit | verdict |" in text(doc)]
+    assert tables == ["README.md"], tables
+    rows = re.findall(r"^\| (\d) \| (?:`(\w+)`)? *\|", text("README.md"), re.MULTILINE)
+    documented = {word: int(code) for code, word in rows if word}
+    assert set(documented) == set(state.VERDICTS), documented
+    assert documented == {word: state.EXIT.get(word, state.PROBLEM) for word in state.VERDICTS}
+    helped = dict(re.findall(r"^  (\d)  (.*)$", state.EXIT_CODES, re.MULTILINE))  # what the commands' help says
+    assert {int(code) for code, word in rows if not word} == {2} and helped["2"] == "usage error"
+    assert {code for code, _ in rows} == set(helped)
+
+
+def test_the_state_words_are_written_once_as_the_code_has_them():
+    tables = [doc for doc in HAND_WRITTEN if "| state | meaning |" in text(doc)]
+    assert tables == ["docs/OPERATORS.md"], tables
+    table = text("docs/OPERATORS.md").split("| state | meaning |", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == list(dict.fromkeys(
+        (state.PATCHED, state.RAISED, state.NOT_NEEDED, state.PENDING, state.EXCLUDED, state.FAILED, state.DISABLED)))
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)) == set(state.STATES)
+
+
+def test_the_removal_rule_and_the_pythonpath_caution_are_written_once_and_linked():
+    assert [doc for doc in HAND_WRITTEN if "**The rule:**" in text(doc)] == ["README.md"]
+    assert [doc for doc in HAND_WRITTEN if "empty entry in `PYTHONPATH`" in text(doc)] == ["README.md"]
+    operators = text("docs/OPERATORS.md")
+    for anchor in ("#remove-it", "#check-it", "#install-and-run"):
+        assert f"../README.md{anchor}" in operators, anchor
+    # The release that ends the shim's need: the rule names it, and the history; generated pages may.
+    assert [doc for doc in HAND_WRITTEN if "0.28.0" in text(doc)] == ["README.md", "CHANGELOG.md"]
+
+
+def anchors(doc: str) -> set[str]:
+    """GitHub's anchors for a page's headings."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", text(doc), re.MULTILINE)}
+
+
+def test_every_link_between_the_docs_resolves():
+    links = 0
+    for doc in (*OPERATOR_DOCS, "CHANGELOG.md"):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([\w-]+))?\)", text(doc)):
+            if "://" in target:
+                continue
+            path = ((REPO / doc).parent / target).resolve() if target else REPO / doc
+            assert path.exists(), f"{doc}: {target}"
+            if anchor:
+                assert anchor in anchors(str(path.relative_to(REPO))), f"{doc}: {target}#{anchor}"
+            links += 1
+    assert links > 20
+
+
+def test_the_docs_an_operator_reads_stay_short():
+    assert len(text("README.md").splitlines()) <= 120
+    assert len(text("docs/OPERATORS.md").splitlines()) <= 250
+    words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS)  # as `cat README.md docs/*.md SECURITY.md | wc -w`
+    assert words <= 9000, words
+
+
+def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py")], env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown, _, changes = proc.stdout.partition("What changed, and which patch changed it:")
+    changes, _, following = changes.partition("Next:")
+    assert "RuntimeError: kv must have shape" in shown and "draft layer weights loaded: 0 of 6" in shown
+    assert "draft layer weights loaded: 6 of 6" in shown
+    width, weights = re.search(r"KV view width 512 -> 584 .*?(?=\n   \S)", changes, re.S), \
+        re.search(r"draft layer weights 0 -> 6 of 6: .*", changes, re.S)
+    assert width and weights, changes
+    assert {"swa_kv_cache_spec", "attention_kv_cache_spec"} <= set(re.findall(r"\w+_\w+", width[0]))
+    assert "remap_dspark_name" in weights[0] and "silent" in weights[0]
+    assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", changes)) & {p.name for p in ALL} == {
+        "swa_kv_cache_spec", "attention_kv_cache_spec", "remap_dspark_name", "draft_load_coverage"}
+    assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
+    assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following

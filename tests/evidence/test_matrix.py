@@ -51,3 +51,21 @@ def test_a_matrix_is_not_written_where_two_records_disagree(matrix, tmp_path: Pa
     monkeypatch.setattr(matrix, "EVIDENCE", tmp_path / "evidence")
     with pytest.raises(SystemExit, match=r"0\.25\.0: hybrid-off\.json says"):
         matrix.render()
+
+
+def test_every_recorded_line_is_quoted_whole_in_the_matrix(matrix):
+    """What an operator greps for: tests/real_vllm/test_lines.py holds the record to real processes."""
+    lines = json.loads((matrix.EVIDENCE / "lines.json").read_text())
+    quoted = set(matrix.TARGET.read_text().splitlines())
+    recorded = {line for kinds in lines.values() for kind_lines in kinds.values() for line in kind_lines}
+    assert recorded and recorded <= quoted, sorted(recorded - quoted)
+
+
+def test_the_patch_table_is_each_patch_in_order_with_its_removal(matrix):
+    rows = matrix.patch_rows()
+    assert [re.match(r"\| `(\w+)` \|", row)[1] for row in rows] == [p.name for p in ALL]  # type: ignore[index]
+    for patch, row in zip(ALL, rows, strict=True):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[3] == f"`{patch.target}`" and cells[4], row
+        assert ("guard" in cells[1]) == bool(patch.guards) and ("stop" in cells[1]) == patch.stops, row
+

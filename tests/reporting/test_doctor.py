@@ -101,7 +101,7 @@ def test_doctor_output_stays_short_with_hundreds_of_entries_in_every_variable(tm
 def test_doctor_names_a_wrapt_outside_the_tested_releases(tmp_path, version, supported):
     # An image that brings its own wrapt keeps it (the Dockerfile installs one only where
     # there is none); doctor, a build step there, fails on one the shim is not tested with.
-    from dspark_hotfix.config import wrapt_supported
+    from dspark_hotfix.doctor import wrapt_supported
 
     assert wrapt_supported(version) is supported
     if version != "1.10.11":
