@@ -27,6 +27,7 @@ import pytest
 
 from dspark_hotfix import state
 from dspark_hotfix.patches import ALL
+from tests.cases import ATTENTION, LOAD_GUARD, REMAP, SWA
 from tests.conftest import REPO, STANDIN, clean_env
 
 DOCS = ("README.md", "docs/OPERATORS.md")
@@ -256,9 +257,9 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
     width, weights = re.search(r"KV view width 512 -> 584 .*?(?=\n   \S)", changes, re.S), \
         re.search(r"draft layer weights 0 -> 6 of 6: .*", changes, re.S)
     assert width and weights, changes
-    assert {"swa_kv_cache_spec", "attention_kv_cache_spec"} <= set(re.findall(r"\w+_\w+", width[0]))
-    assert "remap_dspark_name" in weights[0] and "silent" in weights[0]
+    assert {SWA.name, ATTENTION.name} <= set(re.findall(r"\w+_\w+", width[0]))
+    assert REMAP.name in weights[0] and "silent" in weights[0]
     assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", changes)) & {p.name for p in ALL} == {
-        "swa_kv_cache_spec", "attention_kv_cache_spec", "remap_dspark_name", "draft_load_coverage"}
+        SWA.name, ATTENTION.name, REMAP.name, LOAD_GUARD.name}
     assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
     assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following
