@@ -34,13 +34,19 @@ REPO = Path(__file__).resolve().parent.parent
 REPEATS = 150
 SLOW_CALLS = 300  # spec functions build a dataclass: a few us a call
 FAST_CALLS = 2_000  # remap: about 1 us a call
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
 
 
 def patch_named(name: str) -> Any:
     from dspark_hotfix.patches import ALL
 
     return next(p for p in ALL if p.name == name)
+
+
+def correction_on(cls_name: str) -> str:
+    """The name of the shim's correction (a patch decided by a probe) of a method of vLLM's class ``cls_name``."""
+    from dspark_hotfix.patches import ALL
+
+    return next(p.name for p in ALL if p.probe is not None and not p.stops and p.qualname.split(".")[0] == cls_name)
 
 
 def owner(name: str) -> type:
@@ -80,35 +86,36 @@ def instance_of(name: str, fields: SimpleNamespace) -> object:
 
 def cases(build: str) -> list[tuple[str, str, object, object, int]]:
     """(case, patch, instance, argument, calls per loop)."""
-    remap = "remap_dspark_name"
+    remap = correction_on("DSparkDeepseekV4ForCausalLM")
+    attention_spec, swa_spec = correction_on("DeepseekV4Attention"), correction_on("DeepseekV4SWACache")
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
     if build == "standin":
         draft = owner(remap)()
-        attention = owner("attention_kv_cache_spec")(4, "fp8_ds_mla")
-        swa = owner("swa_kv_cache_spec")(512, cache_dtype="fp8_ds_mla")
-        swa_auto = owner("swa_kv_cache_spec")(512, cache_dtype="auto")
+        attention = owner(attention_spec)(4, "fp8_ds_mla")
+        swa = owner(swa_spec)(512, cache_dtype="fp8_ds_mla")
+        swa_auto = owner(swa_spec)(512, cache_dtype="auto")
         return [
             ("remap, layer name: the defect, corrected", remap, draft, "mtp.1.attn.wkv.weight", FAST_CALLS),
             ("remap, head name", remap, draft, "mtp.2.norm.weight", FAST_CALLS),
             ("remap, name vLLM maps to None", remap, draft, "embed.weight", FAST_CALLS),
-            ("attention spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", "attention_kv_cache_spec",
+            ("attention spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", attention_spec,
              attention, config, SLOW_CALLS),
-            ("SWA spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", "swa_kv_cache_spec", swa, config,
+            ("SWA spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", swa_spec, swa, config,
              SLOW_CALLS),
-            ("SWA spec, other dtype (auto)", "swa_kv_cache_spec", swa_auto, config, SLOW_CALLS),
+            ("SWA spec, other dtype (auto)", swa_spec, swa_auto, config, SLOW_CALLS),
         ]
     sys.path.insert(0, str(REPO / "tests" / "real_vllm" / "inside"))
     import grid
 
     draft = instance_of(remap, grid.draft(43, 3))
-    attention = instance_of("attention_kv_cache_spec", grid.attention_layer(4, "fp8_ds_mla"))
-    swa = instance_of("swa_kv_cache_spec", grid.swa_layer(64, "fp8_ds_mla"))
+    attention = instance_of(attention_spec, grid.attention_layer(4, "fp8_ds_mla"))
+    swa = instance_of(swa_spec, grid.swa_layer(64, "fp8_ds_mla"))
     return [
         ("remap, layer name", remap, draft, "mtp.1.attn.wkv.weight", FAST_CALLS),
         ("remap, head name", remap, draft, "mtp.2.norm.weight", FAST_CALLS),
         ("remap, name vLLM maps to None", remap, draft, "embed.weight", FAST_CALLS),
-        ("attention spec, fp8_ds_mla", "attention_kv_cache_spec", attention, config, SLOW_CALLS),
-        ("SWA spec, fp8_ds_mla", "swa_kv_cache_spec", swa, config, SLOW_CALLS),
+        ("attention spec, fp8_ds_mla", attention_spec, attention, config, SLOW_CALLS),
+        ("SWA spec, fp8_ds_mla", swa_spec, swa, config, SLOW_CALLS),
     ]
 
 

@@ -16,6 +16,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
+sys.path.insert(0, str(REPO))
+
+from tests.cases import ATTENTION, LOAD_GUARD, REMAP, SWA  # noqa: E402  (the patches, by what they do)
+
 # The engine start, then what the shim did there: each patch's row, with its corrections.
 START = """
 import json, warmup
@@ -61,17 +65,17 @@ def main() -> int:
         return 1
     done = {name: row["corrections"] for name, row in on["patches"].items()}
     print("What changed, and which patch changed it:")
-    print(f"   KV view width {width(off)} -> {width(on)} bytes/token: swa_kv_cache_spec corrected "
-          f"{done['swa_kv_cache_spec']} sliding-window specs,")
-    print(f"     attention_kv_cache_spec {done['attention_kv_cache_spec']} compressed-attention spec.")
+    print(f"   KV view width {width(off)} -> {width(on)} bytes/token: {SWA.name} corrected "
+          f"{done[SWA.name]} sliding-window specs,")
+    print(f"     {ATTENTION.name} {done[ATTENTION.name]} compressed-attention spec.")
     print("     The build's specs lack kv_quant_mode, so the V2 runner views 584-byte rows as 512.")
     print("     FlashMLA refuses that view: the RuntimeError above.")
-    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: remap_dspark_name corrected "
-          f"{done['remap_dspark_name']} names.")
+    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: {REMAP.name} corrected "
+          f"{done[REMAP.name]} names.")
     print("     The second bug, and a silent one. The build loads mtp.{i}.* into model.layers.{43+i}.*,")
     print("     which the draft does not have, so its loader skips them without a word.")
     print("     The draft would run on random weights and accept almost nothing; the crash hides it.")
-    print("     Where it happens, the draft_load_coverage guard logs an ERROR naming the weights.\n")
+    print(f"     Where it happens, the {LOAD_GUARD.name} guard logs an ERROR naming the weights.\n")
     print("Next: in your serving image, with the server's environment, run")
     print("   dspark-hotfix doctor")
     print("Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the launcher:")

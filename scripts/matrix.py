@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 from dspark_hotfix.patches import ALL  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
+# vLLM's KV-cache grouping, which the hybrid-off stop (a stop that guards nothing) wraps.
+GROUPING = next(p.qualname for p in ALL if p.stops and not p.guards)
 TARGET = ROOT / "docs" / "MATRIX.md"
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
 CPU_LABEL = {"0.25.0-reverted": REVERTED}  # hybrid-off.json's name for it
@@ -155,7 +157,7 @@ def render() -> str:
         "",
         "## Builds, hybrid KV cache manager on and off",
         "",
-        "CPU: vLLM's own `get_kv_cache_groups` and V2 runner views for a DeepSeek-V4 model with DSpark draft",
+        f"CPU: vLLM's own `{GROUPING}` and V2 runner views for a DeepSeek-V4 model with DSpark draft",
         "layers (docs/evidence/hybrid-off.json). H200: `vllm serve` with the reported flags",
         "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`).",
         "",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.patches import ALL
+from tests.cases import CASES, PATCHES, SWA, VIEW_GUARD, module_file
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -96,8 +97,12 @@ def wheel(tmp_path_factory) -> Path:
 
 # Imports every patch's target module (an import line each, for run_python code), in the order of
 # vLLM's engine core: KV-cache grouping (the scheduler's), then the V2 runner, then the model.
-FIRST = ("vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils")
-IMPORT_ALL = "".join(f"import {m}\n" for m in dict.fromkeys((*FIRST, *sorted({p.module for p in ALL}))))
+GROUPING, RUNNER = "vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"
+MODULES = tuple(dict.fromkeys((GROUPING, RUNNER, *sorted({p.module for p in ALL}))))
+IMPORT_ALL = "".join(f"import {m}\n" for m in MODULES)
+# The engine core's import order on vLLM 0.25.0: every target module but the V2 runner's, which comes
+# after the first line.
+ENGINE_CORE_FIRST = "".join(f"import {m}\n" for m in MODULES if m != RUNNER)
 
 WRAP_DEPTH = """
 import json as _json, sys as _sys, types as _types
@@ -123,12 +128,6 @@ function in its class's (or module's) ``__dict__``: 0 untouched, 1 patched once,
 plain function underneath."""
 
 
-def patch_names() -> tuple[str, ...]:
-    from dspark_hotfix.patches import ALL
-
-    return tuple(p.name for p in ALL)
-
-
 def log_lines(stderr: str, level: str) -> list[str]:
     """The shim's log lines of ``level``, each without its level and timestamp."""
     return [line.split("[dspark_hotfix] ", 1)[1] for line in stderr.splitlines()
@@ -151,13 +150,10 @@ def state_of(line: str) -> str:
 
 
 # The line of a process that patched everything (the reverted stand-in, every target imported).
-ALL_PATCHED = ("fixing: 6 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
-               "draft_load_coverage, kv_view_guard)")
-
-# The engine core's import order on vLLM 0.25.0: KV-cache grouping and the model's targets first,
-# the V2 runner's attn_utils (kv_view_guard's module) after the first line.
-ENGINE_CORE_FIRST = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention\n"
-                     "import vllm.models.deepseek_v4.nvidia.dspark, vllm.v1.attention.backends.mla.sparse_swa\n")
+ALL_PATCHED = f"fixing: {len(PATCHES)} patched ({', '.join(PATCHES)})"
+# The line of one that has not imported the V2 runner's module yet: its guard pending, the rest patched.
+RUNNER_PENDING = (f"fixing: {len(PATCHES) - 1} patched ({', '.join(n for n in PATCHES if n != VIEW_GUARD.name)}), "
+                  f"1 pending ({VIEW_GUARD.name} until {RUNNER} is imported)")
 
 
 def json_lines(stdout: str) -> list[object]:
@@ -186,23 +182,9 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     return root
 
 
-# The stand-in with the upstream fix (vllm-project/vllm PR #47716, and the released remap), and a
-# hybrid-off grouping that keeps the layout (as vLLM 0.28.0's does).
-FIXED = {
-    "vllm/v1/core/kv_cache_utils.py": [
-        ("compress_ratio=spec.compress_ratio,",
-         "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")],
-    "vllm/v1/attention/backends/mla/sparse_swa.py": [
-        ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),')],
-    "vllm/models/deepseek_v4/attention.py": [
-        ("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
-        ('model_version="deepseek_v4",',
-         'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype), alignment=576,')],
-    "vllm/models/deepseek_v4/nvidia/dspark.py": [
-        ("{self.config.num_hidden_layers + stage}", "{stage}")],
-}
+# The stand-in with the upstream fix of every patch (tests/cases.py: vllm-project/vllm PR #47716, the
+# released remap, and a hybrid-off grouping that keeps the layout, as vLLM 0.28.0's does).
+FIXED = {module_file(p): CASES[p.name].fix for p in ALL if CASES[p.name].fix}
 
 
 def listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -238,7 +220,7 @@ def fixed_standin(tmp_path):
     return edited_standin(tmp_path / "standin", FIXED)
 
 
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
+SWA_FILE = module_file(SWA)
 SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
 
 
@@ -299,23 +281,7 @@ def startup_dir(venv: dict) -> Path:
     return Path(proc.stdout.strip())
 
 
-# What activation tests import and run. vLLM's order: KV-cache grouping (the scheduler's), the V2 runner, the model.
-TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils, vllm.models.deepseek_v4.attention\n"
 WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
-# Every patch, and whether each target is vLLM's plain function: a new patch is added to both.
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups",
-           "draft_load_coverage", "kv_view_guard")
-IS_ORIGINAL = """
-import json, types
-from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
-from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
-import vllm.v1.worker.gpu.attn_utils as U
-import vllm.v1.core.kv_cache_utils as K
-print(json.dumps([type(c.__dict__[m]) is types.FunctionType and not hasattr(c.__dict__[m], "__wrapped__") for c, m in
-      ((D, '_remap_dspark_name'), (A, 'get_kv_cache_spec'), (S, 'get_kv_cache_spec'), (K, 'get_kv_cache_groups'),
-       (D, 'load_weights'), (U, '_reshape_kv_cache'))]))
-"""
 
 
 CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-FIXES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+from tests.cases import CORRECTIONS
+
+FIXES = tuple(p.name for p in CORRECTIONS)
 
 
 def rows(status: dict[str, Any]) -> dict[str, dict]:
@@ -22,6 +24,6 @@ def pid(status: dict[str, Any]) -> int:
 
 
 def fixes_installed(status: dict[str, Any]) -> bool:
-    """The three corrections are wrapped around vLLM's functions."""
+    """The corrections are wrapped around vLLM's functions."""
     got = rows(status)
     return all(got[name]["state"] == "patched" for name in FIXES)

@@ -17,24 +17,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.cases import STOP, VIEW_GUARD
 from tests.conftest import (
     ALL_PATCHED,
     CHILD_TIMEOUT,
     IMPORT_ALL,
+    PATCHES,
     REPO,
     STANDIN,
     STATUS,
     WRAP_DEPTH,
     child,
     last_json,
-    patch_names,
     state_of,
     summary_lines,
 )
 
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child
 RUNS = 5
-ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 def states(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
@@ -226,7 +227,7 @@ def test_a_child_forked_from_an_activation_that_outlasts_the_wait_starts_afresh_
     source, rows, depth = last_json(proc.stdout)
     assert source == "child", rows
     assert {name: state for name, (state, _) in rows.items()} == ALL_INSTALLED, rows
-    assert depth == dict.fromkeys(patch_names(), 1)
+    assert depth == dict.fromkeys(PATCHES, 1)
 
 
 @pytest.mark.parametrize("hooks_before_fork", [0, 2])
@@ -238,11 +239,10 @@ def test_a_fork_during_activation_waits_for_it_and_the_child_inherits_it_whole(h
     source, rows, depth = last_json(proc.stdout)
     assert source == "api", rows
     assert {name: state for name, (state, _) in rows.items()} == ALL_INSTALLED, rows
-    assert depth == dict.fromkeys(patch_names(), 1)
+    assert depth == dict.fromkeys(PATCHES, 1)
 
 
-@pytest.mark.parametrize(("module", "patch"), [("vllm.v1.core.kv_cache_utils", "kv_cache_groups"),
-                                               ("vllm.v1.worker.gpu.attn_utils", "kv_view_guard")])
+@pytest.mark.parametrize(("module", "patch"), [(p.module, p.name) for p in (STOP, VIEW_GUARD)])
 def test_a_module_another_thread_is_part_way_importing_when_the_plugin_registers_is_judged_whole(module, patch):
     # vLLM's plugin loader calls register() while another thread is still executing a target's module:
     # a hook that judged it then found no function and said not_needed; the patch must be judged on the

@@ -8,9 +8,9 @@ The coexistence tier (tests/coexist) runs the real tools on real vLLM.
 
 from __future__ import annotations
 
-from tests.conftest import IMPORT_ALL, STATUS, last_json, patch_names, run_python, summary_lines
+from tests.conftest import IMPORT_ALL, PATCHES, STATUS, last_json, run_python, summary_lines
 
-ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 def states(stdout: str) -> dict[str, str]:

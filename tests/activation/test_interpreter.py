@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import (
     IMPORT_ALL,
+    PATCHES,
     REPO,
     STANDIN,
     STATUS,
@@ -28,7 +29,6 @@ from tests.conftest import (
     json_lines,
     last_json,
     listing,
-    patch_names,
     run_in_env,
     run_python,
     state_of,
@@ -49,7 +49,7 @@ def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
     code = f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + IMPORT_ALL + WRAP_DEPTH + STATUS
     proc = run_python(code, flags=(flag,))
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(patch_names(), 0)
+    assert depth == dict.fromkeys(PATCHES, 0)
     assert {(r["state"], r["detail"]) for r in rows.values()} == {("disabled", "not installed in this process")}
     assert proc.stderr == ""
 
@@ -58,7 +58,7 @@ def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
 def test_safe_path_keeps_the_shim_active(flags, env):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(patch_names(), 1)
+    assert depth == dict.fromkeys(PATCHES, 1)
     assert {r["state"] for r in rows.values()} == {"patched"}
 
 
@@ -115,7 +115,7 @@ def test_no_home_changes_nothing(home):
         env["HOME"] = home
     proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + STATUS], env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert warning_lines(proc.stderr) == []
 
 
@@ -137,14 +137,14 @@ def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS + WARMUP, python=python, path=path)
     depth, rows, warmup = json_lines(proc.stdout)
     off = last_json(run_python(WARMUP, python=python, path=path, env={"DSPARK_HOTFIX": "0"}).stdout)
-    assert depth == dict.fromkeys(patch_names(), 0)
+    assert depth == dict.fromkeys(PATCHES, 0)
     assert warmup == off  # vLLM as shipped, crash included
     for row in rows.values():
         assert row["state"] == "failed" and "wrapt" in row["detail"], row
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt" in warnings[0] and "vLLM runs unpatched" in warnings[0]
     # The documented alert finds it: the process's last state line says problem.
-    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(patch_names())} failed ("), proc.stderr
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(PATCHES)} failed ("), proc.stderr
 
 
 @pytest.mark.parametrize("flag", ["-S", "-I"])

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import (
     ALL_PATCHED,
+    IMPORT_ALL,
     STANDIN,
     STATUS,
     clean_env,
@@ -57,12 +58,11 @@ def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(ve
     assert all(r["detail"] == "not installed in this process" for r in rows.values())
 
 
-TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
 
 
 def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
-    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"patched"}
@@ -70,14 +70,14 @@ def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    proc = run_in_venv(venv, "import vllm\n" + PLUGINS + TARGETS + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, "import vllm\n" + PLUGINS + IMPORT_ALL + STATUS, path=(STANDIN,))
     assert {r["state"] for r in last_json(proc.stdout).values()} == {"patched"}, proc.stderr
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
                                           ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
-    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(STANDIN,), **env)
+    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert all(why in r["detail"] for r in rows.values())
@@ -85,7 +85,7 @@ def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
 
 
 def test_both_paths_share_one_installer(venv):
-    proc = run_in_venv(venv, TARGETS + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
+    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == ALL_PATCHED  # one activation's lines

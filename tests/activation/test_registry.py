@@ -9,19 +9,17 @@ import json
 
 import pytest
 
+from tests.cases import SWA
 from tests.conftest import (
     ALL_PATCHED,
     IMPORT_ALL,
-    IS_ORIGINAL,
     PATCHES,
     REPO,
     STANDIN,
     STATUS,
-    TARGETS,
     WRAP_DEPTH,
     json_lines,
     last_json,
-    patch_names,
     run_python,
     state_of,
     summary_lines,
@@ -30,8 +28,7 @@ from tests.conftest import (
 RACE = f"""
 import json, sys, threading, time
 # no sitecustomize: a late install()
-import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
-sys.path.append({str(REPO)!r})
+{IMPORT_ALL}sys.path.append({str(REPO)!r})
 import wrapt
 register = wrapt.register_post_import_hook
 def slow(hook, name):  # widen the window between the first hook and the last
@@ -57,9 +54,9 @@ def test_a_second_activation_waits_for_the_first():
     proc = run_python(f"WRAP_DEPTH = {WRAP_DEPTH!r}\n" + RACE, path=(STANDIN,))
     seen, depth = json_lines(proc.stdout)
     # Neither caller returns before every hook is registered and decided: no caller uses vLLM unpatched.
-    assert seen == {"vllm-plugin": ["patched"] * 6, "api": ["patched"] * 6}
+    assert seen == {"vllm-plugin": ["patched"] * len(PATCHES), "api": ["patched"] * len(PATCHES)}
     assert len(summary_lines(proc.stderr)) == 1
-    assert depth == dict.fromkeys(patch_names(), 1)  # each wrapped once
+    assert depth == dict.fromkeys(PATCHES, 1)  # each wrapped once
 
 
 def test_no_patch_imports_the_registry():
@@ -83,16 +80,16 @@ print(json.dumps([first == dspark_hotfix.status(), [r["state"] for r in first["p
     proc = run_python(IMPORT_ALL + code)
     same, states = json.loads(proc.stdout)
     # what status() reads is vLLM's attribute: the function put back is no longer patched
-    assert same and states == ["failed" if name == "swa_kv_cache_spec" else "patched" for name in patch_names()]
+    assert same and states == ["failed" if name == SWA.name else "patched" for name in PATCHES]
     assert all(line.startswith("INFO ") for line in proc.stderr.splitlines())  # status() itself logs nothing
 
 
 def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
     # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported
     # from the checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
-    code = """
+    code = IMPORT_ALL + """
 import importlib, json, sys
-import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils, dspark_hotfix
+import dspark_hotfix
 found = {}
 for name in ("tests", "bench", "scripts", "harness"):
     try:
@@ -105,25 +102,25 @@ print(json.dumps([found, {r["name"]: r["state"] for r in dspark_hotfix.status()[
     startup = REPO / "dspark_hotfix" / "startup"
     found, states, path = json.loads(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
     assert found == {"tests": False, "bench": False, "scripts": False, "harness": False}
-    assert states == dict.fromkeys(patch_names(), "patched")
+    assert states == dict.fromkeys(PATCHES, "patched")
     assert str(REPO) not in path
 
 
 def test_hooks_fire_when_installed_after_vllm_is_imported():
     # The shim's directory is not on PYTHONPATH: no sitecustomize, a late install().
-    code = TARGETS + "import dspark_hotfix; dspark_hotfix.install()\n" + IS_ORIGINAL + STATUS
+    code = IMPORT_ALL + "import dspark_hotfix; dspark_hotfix.install()\n" + WRAP_DEPTH + STATUS
     proc = run_python(f"import sys; sys.path.append({str(REPO)!r})\n" + code, path=(STANDIN,))
-    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [False] * len(PATCHES)
+    depth, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert depth == dict.fromkeys(PATCHES, 1)  # each target wrapped, once
     assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"api"}
 
 
 def test_double_install_is_idempotent():
-    code = TARGETS + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
-    proc = run_python(code + IS_ORIGINAL + STATUS)
-    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [False] * len(PATCHES)
+    code = IMPORT_ALL + "import dspark_hotfix\nfor _ in range(3): dspark_hotfix.install(source='vllm-plugin')\n"
+    proc = run_python(code + WRAP_DEPTH + STATUS)
+    depth, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert depth == dict.fromkeys(PATCHES, 1)  # each target wrapped, once
     assert len(summary_lines(proc.stderr)) == 1
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
 

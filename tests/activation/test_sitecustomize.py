@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from dspark_hotfix import __version__
+from tests.cases import SWA
 from tests.conftest import (
     ALL_PATCHED,
     IMPORT_ALL,
@@ -20,13 +21,11 @@ from tests.conftest import (
     REPO,
     STANDIN,
     STATUS,
-    TARGETS,
     WRAP_DEPTH,
     child,
     copy_of_shim,
     json_lines,
     last_json,
-    patch_names,
     run_python,
     summary_lines,
     warning_lines,
@@ -34,7 +33,7 @@ from tests.conftest import (
 
 
 def test_pythonpath_activation_patches_every_target_on_import():
-    proc = run_python(TARGETS + STATUS)
+    proc = run_python(IMPORT_ALL + STATUS)
     rows = last_json(proc.stdout)
     assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "patched")
     assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
@@ -42,7 +41,7 @@ def test_pythonpath_activation_patches_every_target_on_import():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INFO ")
     (summary,) = summary_lines(proc.stderr)
-    pid = rows["kv_view_guard"]["pid"]
+    pid = rows[PATCHES[0]]["pid"]  # every row carries the process's pid
     assert summary == f"dspark_hotfix {__version__} (pid {pid}) via sitecustomize: {ALL_PATCHED}"
 
 
@@ -52,26 +51,26 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
     (other / "sitecustomize.py").write_text(
         "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
     )
-    proc = run_python(TARGETS + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
+    proc = run_python(IMPORT_ALL + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
                       path=(REPO, STANDIN, other))
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
     assert proc.stdout.strip().splitlines()[-1] == "1"
-    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))["swa_kv_cache_spec"]["state"] == "patched"
+    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))[SWA.name]["state"] == "patched"
 
 
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
-    proc = run_python(TARGETS + STATUS, path=(REPO, STANDIN, other))
+    proc = run_python(IMPORT_ALL + STATUS, path=(REPO, STANDIN, other))
     assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
-    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
+    assert last_json(proc.stdout)[SWA.name]["state"] == "patched"
 
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 
 
-ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 # Ours boots once, whatever alias of its start-up directory is on the path.
@@ -128,7 +127,7 @@ def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
@@ -148,7 +147,7 @@ def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     proc = run_python(code, path=(*shims, STANDIN))
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
-    assert depth == dict.fromkeys(patch_names(), 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
     assert len(summary_lines(proc.stderr)) == 1
     assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
     assert warning_lines(proc.stderr) == [] and "Error in sitecustomize" not in proc.stderr

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.cli import startup_dir
+from tests.cases import CASES
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.venvs import cache_dir, ensure_venv
 
@@ -41,10 +42,8 @@ pytestmark = pytest.mark.coexist
 VLLM = "0.25.0"
 WRAPT = "wrapt==1.17.3"  # the real-vLLM venv's (tests/real_vllm/venvs.py)
 # On 0.25.0 the upstream fix is in (the spec and remap corrections are not needed); its hybrid-off
-# grouping still loses the layout, which kv_cache_groups and kv_view_guard cover.
-EXPECTED = {"remap_dspark_name": "not_needed", "attention_kv_cache_spec": "not_needed",
-            "swa_kv_cache_spec": "not_needed", "kv_cache_groups": "patched",
-            "draft_load_coverage": "not_needed", "kv_view_guard": "patched"}
+# grouping still loses the layout, which the stop and the view guard cover.
+EXPECTED = {name: case.released for name, case in CASES.items()}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import pytest
 
 from dspark_hotfix import state
 from dspark_hotfix.patches import ALL
+from tests.cases import ATTENTION, LOAD_GUARD, REMAP, SWA
 from tests.conftest import REPO, STANDIN, clean_env
 
 DOCS = ("README.md", "docs/OPERATORS.md")
@@ -168,14 +169,13 @@ def test_the_patch_guide_names_files_and_lists_that_exist():
     guide = (REPO / "docs" / "WRITING_A_PATCH.md").read_text()
     paths = {p for p in re.findall(r"`((?:dspark_hotfix|tests|bench|scripts|docs)/[\w/.-]+)`", guide)}
     assert len(paths) > 20 and [p for p in paths if not (REPO / p).exists()] == []
-    # The lists of patch names a new patch is added to, each where the guide says it is.
-    for name, path in (("PATCHES", "tests/conftest.py"), ("IS_ORIGINAL", "tests/conftest.py"),
-                       ("FIXES", "tests/status_shape.py"), ("FIXED", "tests/conftest.py"),
-                       ("OUTPUTS", "tests/patches/faults.py"),
-                       ("TARGETS", "tests/real_vllm/inside/check_real_vllm.py"),
-                       ("GUARDS", "tests/real_vllm/inside/check_real_vllm.py"),
-                       ("NEEDED", "tests/real_vllm/inside/check_real_vllm.py")):
-        assert f"`{name}`" in guide and re.search(rf"^{name} = ", (REPO / path).read_text(), re.MULTILINE), name
+    # The tables a new patch adds its rows to, and what is built from them, each where the guide says it is.
+    for name, path in (("CASES", "tests/cases.py"), ("FAULTS", "tests/cases.py"), ("FIXED", "tests/conftest.py")):
+        defined = re.search(rf"^{name}\b[^=\n]* = ", (REPO / path).read_text(), re.MULTILINE)
+        assert f"`{name}`" in guide and defined, name
+    # Each role the guide names is one tests/cases.py reads from ALL.
+    for role in ("STOP", "GUARDS", "VIEW_GUARD", "SPECS", "CORRECTIONS"):
+        assert f"`{role}`" in guide and re.search(rf"^{role} = ", (REPO / "tests/cases.py").read_text(), re.MULTILINE)
 
 
 # Each rule in one place. The docs an operator reads, and the pages generated from code and evidence.
@@ -257,9 +257,9 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
     width, weights = re.search(r"KV view width 512 -> 584 .*?(?=\n   \S)", changes, re.S), \
         re.search(r"draft layer weights 0 -> 6 of 6: .*", changes, re.S)
     assert width and weights, changes
-    assert {"swa_kv_cache_spec", "attention_kv_cache_spec"} <= set(re.findall(r"\w+_\w+", width[0]))
-    assert "remap_dspark_name" in weights[0] and "silent" in weights[0]
+    assert {SWA.name, ATTENTION.name} <= set(re.findall(r"\w+_\w+", width[0]))
+    assert REMAP.name in weights[0] and "silent" in weights[0]
     assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", changes)) & {p.name for p in ALL} == {
-        "swa_kv_cache_spec", "attention_kv_cache_spec", "remap_dspark_name", "draft_load_coverage"}
+        SWA.name, ATTENTION.name, REMAP.name, LOAD_GUARD.name}
     assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
     assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following

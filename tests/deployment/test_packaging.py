@@ -20,13 +20,12 @@ from pathlib import Path
 from dspark_hotfix import __version__
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
+    IMPORT_ALL,
     STANDIN,
     STATUS,
     run_in_venv,
     startup_dir,
 )
-
-TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
 
 
 def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_dockerfiles(venv):
@@ -51,7 +50,7 @@ def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
 
 
 def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
-    proc = run_in_venv(venv, TARGETS + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
+    proc = run_in_venv(venv, IMPORT_ALL + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
                path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])

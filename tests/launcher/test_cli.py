@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.cases import SWA
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -49,15 +50,11 @@ def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
     assert all(key == key.lower() and " " not in key for key in d["python"])  # machine keys
 
 
-def test_status_import_targets_exits_1_when_a_patch_failed(tmp_path):
-    from tests.conftest import edited_standin
-
-    broken = edited_standin(tmp_path / "standin", {"vllm/v1/attention/backends/mla/sparse_swa.py": [
-        ("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]})
-    proc = cli("status", "--json", path=(STARTUP, broken))
+def test_status_import_targets_exits_1_when_a_patch_failed(broken_standin):
+    proc = cli("status", "--json", path=(STARTUP, broken_standin))
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["verdict"] == "problem"
-    assert any(p.startswith("swa_kv_cache_spec: unexpected signature") for p in report["problems"])
+    assert any(p.startswith(f"{SWA.name}: unexpected signature") for p in report["problems"])
 
 
 def test_status_import_targets_exits_1_without_vllm():
@@ -66,7 +63,7 @@ def test_status_import_targets_exits_1_without_vllm():
 
 
 @pytest.mark.parametrize("env", [{"DSPARK_HOTFIX_STRICT": "very"}, {"DSPARK_HOTFIX": "disabled"},
-                                 {"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec,-swa_kv_cache_spec"}])
+                                 {"DSPARK_HOTFIX_PATCHES": f"{SWA.name},-{SWA.name}"}])
 def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
     proc = cli("doctor", "--json", env=env)
     report = json.loads(proc.stdout)

@@ -16,6 +16,7 @@ from dspark_hotfix import __version__
 from dspark_hotfix.cli import interpreter_options
 from tests.conftest import (
     ALL_PATCHED,
+    IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
@@ -128,14 +129,11 @@ def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):
     assert "nothing checked" not in proc.stderr
 
 
-TARGETS = "import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
-
-
 def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
     # The launcher puts the start-up directory first on PYTHONPATH, keeps only the
     # absolute entries already there (an empty one would put the cwd on sys.path), checks
     # the command's interpreter, says so in one line on stderr, and execs the command.
-    code = TARGETS + STATUS + "import sys; print(json.dumps(sys.path))"
+    code = IMPORT_ALL + STATUS + "import sys; print(json.dumps(sys.path))"
     proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code),
                        path=("", STANDIN, "relative/dir"))
     assert proc.returncode == 0, proc.stderr

@@ -25,6 +25,7 @@ import pytest
 
 import dspark_hotfix
 from tests import kubernetes, status_shape
+from tests.cases import REMAP, SWA
 from tests.conftest import REPO
 from tests.oci import build
 
@@ -237,7 +238,7 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
     pod = pods(build.serving("reported"), wheel, tmp_path, site)
     assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
     assert f"{wheel.name}: OK" in pod.init_run.stdout  # sha256sum -c
-    assert "PROBLEM" not in pod.init_run.stdout and "remap_dspark_name" in pod.init_run.stdout  # doctor's report
+    assert "PROBLEM" not in pod.init_run.stdout and REMAP.name in pod.init_run.stdout  # doctor's report
     # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
     got = pod.serve("python3", "-c", PROBE)
     assert status_shape.fixes_installed(got["status"]), got["status"]
@@ -269,12 +270,12 @@ def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_withou
     base = build.serving("reported")
     b_arm = pods(base, wheel, tmp_path / "b", site, DSPARK_HOTFIX="0")
     assert b_arm.init_run.returncode == 0, b_arm.init_run.stdout + b_arm.init_run.stderr
-    assert "remap_dspark_name" in b_arm.init_run.stdout and "the B arm" in b_arm.init_run.stdout  # doctor's report
+    assert REMAP.name in b_arm.init_run.stdout and "the B arm" in b_arm.init_run.stdout  # doctor's report
     assert b_arm.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
     # Only the false words start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
     typo = pods(base, wheel, tmp_path / "typo", site, DSPARK_HOTFIX="of")
     assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
-    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES="-swa_kv_cache_spec")
+    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES=f"-{SWA.name}")
     assert excluded.init_run.returncode == 1, excluded.init_run.stdout + excluded.init_run.stderr
     assert "the B arm" not in typo.init_run.stdout + excluded.init_run.stdout
 

@@ -1,7 +1,7 @@
 """Fault injection: the shim against vLLM builds that differ from what it expects.
 
 Each fault is a copy of the stand-in build with one edit, run in real
-subprocesses (the table is tests/patches/faults.py). Shim on, vLLM must behave
+subprocesses (the table is FAULTS in tests/cases.py). Shim on, vLLM must behave
 exactly as shim off (``DSPARK_HOTFIX=0``, vLLM as shipped) where the patch could
 not be applied, `status` must say why, and each failed patch must log exactly one
 warning. Strict, the process must stop naming the patch, its target and the
@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cases import ATTENTION, DSPARK, LOAD_GUARD, PATCHES, REMAP, SWA
 from tests.conftest import (
+    IMPORT_ALL,
     REPO,
     STATUS,
-    TARGETS,
     edited_standin,
     last_json,
-    patch_names,
     run_python,
     warning_lines,
 )
 from tests.patches.faults import (
-    ATTENTION,
-    DSPARK,
-    LOAD,
     OUTPUTS,
-    REMAP,
-    SWA,
     driver,
     fault,  # noqa: F401  (the fixture: each fault's edited stand-in)
 )
@@ -46,7 +41,7 @@ def test_vllm_runs_as_shipped_where_a_patch_fails_and_status_says_why(fault):  #
         assert why in row["detail"]
         assert row["state"] in (("raised", "failed") if spec.at_call else ("failed",))
     # The patches the fault does not touch still correct vLLM: the comparison above is not vacuous.
-    for name in set(patch_names()) - set(spec.failed):
+    for name in set(PATCHES) - set(spec.failed):
         if name in OUTPUTS and not set(OUTPUTS[name]) & {k for f in spec.failed for k in OUTPUTS[f]}:
             assert on["status"][name]["state"] == "patched"
             assert all(on[key] != off[key] for key in OUTPUTS[name])
@@ -76,13 +71,13 @@ def test_missing_target_module_leaves_its_patches_waiting_without_a_warning(with
     code = driver({}, draft=False)
     proc = run_python(code, path=(REPO, without_dspark))
     on = last_json(proc.stdout)
-    for name in (REMAP, LOAD):  # never imported: nothing failed, nothing to say
+    for name in (REMAP.name, LOAD_GUARD.name):  # never imported: nothing failed, nothing to say
         assert on["status"][name]["state"] == "pending"
         assert "waiting for vllm.models.deepseek_v4.nvidia.dspark" in on["status"][name]["detail"]
-    assert on["status"][SWA]["state"] == on["status"][ATTENTION]["state"] == "patched"
+    assert on["status"][SWA.name]["state"] == on["status"][ATTENTION.name]["state"] == "patched"
     assert warning_lines(proc.stderr) == []
     strict = run_python(code, path=(REPO, without_dspark), env={"DSPARK_HOTFIX_STRICT": "1"})
-    assert last_json(strict.stdout)["status"][REMAP]["state"] == "pending"
+    assert last_json(strict.stdout)["status"][REMAP.name]["state"] == "pending"
 
 
 def test_missing_target_module_is_named_by_status_import_targets(without_dspark):
@@ -93,10 +88,10 @@ def test_missing_target_module_is_named_by_status_import_targets(without_dspark)
 
 
 def test_unexpected_signature_warns_and_vllm_runs_unpatched(broken_standin):
-    proc = run_python(TARGETS + STATUS, path=(REPO, broken_standin))
+    proc = run_python(IMPORT_ALL + STATUS, path=(REPO, broken_standin))
     rows = last_json(proc.stdout)
-    assert rows["swa_kv_cache_spec"]["state"] == "failed"
-    assert "unexpected signature" in rows["swa_kv_cache_spec"]["detail"]
-    assert rows["attention_kv_cache_spec"]["state"] == "patched"
+    assert rows[SWA.name]["state"] == "failed"
+    assert "unexpected signature" in rows[SWA.name]["detail"]
+    assert rows[ATTENTION.name]["state"] == "patched"
     warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and "swa_kv_cache_spec" in warnings[0] and "vLLM runs unpatched" in warnings[0]
+    assert len(warnings) == 1 and SWA.name in warnings[0] and "vLLM runs unpatched" in warnings[0]

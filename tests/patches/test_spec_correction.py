@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_hotfix.patches.attention_kv_cache_spec import PATCH as ATTENTION
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
@@ -23,7 +22,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     fp8_ds_mla_spec,
     runner_bytes_per_token,
 )
-from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
+from tests.cases import ATTENTION, SWA
 from tests.conftest import (
     WARMUP,
     last_json,
@@ -255,8 +254,6 @@ def test_spec_correction_is_idempotent(standin_modules, data):
 @given(st.integers(1, 16), st.sampled_from(CACHE_DTYPES), st.sampled_from([128, 4096]))
 def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modules, blocks, dtype, window):
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-
-    from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
 
     layer = DeepseekV4SWACache(window_size=window, cache_dtype=dtype)
     layer.block_size = 64 * blocks

@@ -1,6 +1,6 @@
 """How a patch is wrapped around vLLM's function: the wrapper takes vLLM's arguments as vLLM's function
 does (whatever their names), a replacement that never calls vLLM or raises before it, and a guard's finding
-logged (or, for kv_view_guard, raised) worded as the finding."""
+logged (or, for a guard that stops, raised) worded as the finding."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import logging
 
 import pytest
 
+from tests.cases import REMAP, SWA, VIEW_GUARD, method
 from tests.conftest import (
-    TARGETS,
+    IMPORT_ALL,
     last_json,
     run_python,
 )
@@ -17,25 +18,25 @@ from tests.conftest import (
 
 def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do():
     # Keyword calls bind as on vLLM's function, and a wrong call fails the same way.
-    code = TARGETS + """
+    code = IMPORT_ALL + f"""
 import inspect, json
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM as D
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache as S
 from types import SimpleNamespace
-wrapper = D.__dict__["_remap_dspark_name"]
+wrapper = D.__dict__[{method(REMAP)!r}]
 config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
 try:
-    D()._remap_dspark_name(nom="mtp.1.attn.wkv.weight")
+    D().{method(REMAP)}(nom="mtp.1.attn.wkv.weight")
     wrong = None
 except TypeError as exc:
     wrong = str(exc)
-print(json.dumps({
+print(json.dumps({{
     "signature": list(inspect.signature(wrapper).parameters),
-    "keyword": D()._remap_dspark_name(name="mtp.1.attn.wkv.weight"),
-    "positional": D()._remap_dspark_name("mtp.1.attn.wkv.weight"),
+    "keyword": D().{method(REMAP)}(name="mtp.1.attn.wkv.weight"),
+    "positional": D().{method(REMAP)}("mtp.1.attn.wkv.weight"),
     "spec_keyword": S().get_kv_cache_spec(vllm_config=config).kv_quant_mode.name,
     "wrong": wrong,
-}))
+}}))
 """
     got = last_json(run_python(code).stdout)
     assert got["signature"] == ["self", "name"]
@@ -62,9 +63,6 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     assert wrapper(*values) == (*values, "corrected")
     assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
     assert wrapper.__wrapped__ is namespace["target"]
-
-
-SWA = "swa_kv_cache_spec"
 
 
 @pytest.fixture
@@ -117,12 +115,12 @@ def test_a_guards_finding_is_logged_as_the_finding(shim_log, when):
             vllm(x)
         raise Finding("views too narrow")
 
-    assert wrapped(check, guards=(SWA,))(1) == ("vllm", 1)
+    assert wrapped(check, guards=(SWA.name,))(1) == ("vllm", 1)
     (error,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert error.startswith("t: views too narrow; swa_kv_cache_spec ") and " raised " not in error, error
+    assert error.startswith(f"t: views too narrow; {SWA.name} ") and " raised " not in error, error
 
 
-def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
+def test_the_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
     from dspark_hotfix.patches import Finding
     from dspark_hotfix.registry import HotfixError
 
@@ -130,6 +128,6 @@ def test_kv_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
         vllm(x)
         raise Finding("views too narrow")
 
-    with pytest.raises(HotfixError, match=r"^kv_view_guard: views too narrow; ") as stopped:
-        wrapped(check, name="kv_view_guard", guards=(SWA,), stops=True)(1)
+    with pytest.raises(HotfixError, match=rf"^{VIEW_GUARD.name}: views too narrow; ") as stopped:
+        wrapped(check, name=VIEW_GUARD.name, guards=(SWA.name,), stops=True)(1)
     assert " raised " not in str(stopped.value)

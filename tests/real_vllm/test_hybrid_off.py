@@ -1,9 +1,9 @@
-"""The real-vLLM tier for ``kv_cache_groups``: DeepSeek-V4 with the hybrid KV cache manager on and off.
+"""The real-vLLM tier for the hybrid-off stop: DeepSeek-V4 with the hybrid KV cache manager on and off.
 
 For each release of ``venvs.VERSIONS``, and for 0.25.0 with PR #47716 reverted (``test_reverted.py``'s
 shadow copy first on ``PYTHONPATH``), ``inside/hybrid_off.py`` runs once without the shim
 (``DSPARK_HOTFIX=0``) and once with it (the repository on ``PYTHONPATH``, as an operator activates it),
-each time grouping the representative model's specs with vLLM's own ``get_kv_cache_groups`` with the
+each time having vLLM's own KV-cache grouping group the representative model's specs with the
 hybrid manager on and off and building the V2 runner's views on the CPU. Released 0.25.0 loses the
 ``fp8_ds_mla`` layout with the manager off (512 bytes/token): with the shim that engine stops at grouping
 with the cause, never silently at 512; with the manager on, the shim changes nothing. 0.33.0 raises its own
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.cases import SPECS, STOP, VIEW_GUARD, method
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.test_reverted import VERSION as REVERTED_VERSION
 from tests.real_vllm.test_reverted import reverted_copy
@@ -44,6 +45,7 @@ STOP_WORDS = ("hybrid KV cache manager", "--disable-hybrid-kv-cache-manager",
               "no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off")
 PARALLEL = 1  # one arm at a time: on 2 cores two vLLM imports side by side took 105 s in all, one by one 71 s
 STALE = f"{EVIDENCE.relative_to(REPO)} is stale: rerun with DSPARK_HOTFIX_UPDATE_EVIDENCE=1"
+GROUPING = method(STOP)  # vLLM's KV-cache grouping, which the stop wraps; inside/hybrid_off.py reports it by name
 
 
 class Arms:
@@ -155,12 +157,12 @@ def assert_stopped_by_the_shim(result: dict[str, Any]) -> None:
     assert off["outcome"] == "error", f"no stop with the hybrid manager off: {off}"
     error = off["error"]
     assert error["type"] == HOTFIX_ERROR, error
-    assert error["message"].startswith("kv_cache_groups: DeepSeek-V4's fp8_ds_mla KV caches (9 layers"), error
+    assert error["message"].startswith(f"{STOP.name}: DeepSeek-V4's fp8_ds_mla KV caches (9 layers"), error
     for words in STOP_WORDS:
         assert words in error["message"], (words, error["message"])
     # Before vLLM's conversion, which rebuilds specs in place (10 of them on 0.25.0): none was rebuilt.
     assert off["specs_rebuilt"] == [], off
-    assert result["get_kv_cache_groups"] == {"module": "vllm.v1.core.kv_cache_utils", "wrapped": True}
+    assert result[GROUPING] == {"module": "vllm.v1.core.kv_cache_utils", "wrapped": True}
 
 
 def assert_never_narrow(result: dict[str, Any]) -> None:
@@ -180,7 +182,7 @@ def test_without_the_shim(version, arms):
     assert result["vllm"] == version
     status = status_of(result)
     assert not result["status"]["enabled"] and {row["state"] for row in status.values()} == {"disabled"}, status
-    assert not result["get_kv_cache_groups"]["wrapped"]
+    assert not result[GROUPING]["wrapped"]
     assert_hybrid_on_views_584(result)
     off = result["hybrid_off"]
     if BEHAVIOUR[version] == LOSES_LAYOUT:
@@ -221,20 +223,20 @@ def test_with_the_shim(version, arms):
     assert_never_narrow(result)
     if BEHAVIOUR[version] == LOSES_LAYOUT:
         assert_stopped_by_the_shim(result)
-        assert status["kv_cache_groups"]["state"] == "patched", status["kv_cache_groups"]
-        assert status["kv_view_guard"]["state"] == "patched", status["kv_view_guard"]
+        assert status[STOP.name]["state"] == "patched", status[STOP.name]
+        assert status[VIEW_GUARD.name]["state"] == "patched", status[VIEW_GUARD.name]
         # A merged SWA spec loses kv_quant_mode here too: where it would be viewed at 512, the guard stops it.
         view_error = result["merge"].get("view_error")
         assert result["merge"]["view"] is None and view_error and view_error["type"] == HOTFIX_ERROR, result["merge"]
-        assert view_error["message"].startswith("kv_view_guard: "), view_error
+        assert view_error["message"].startswith(f"{VIEW_GUARD.name}: "), view_error
     else:
         # Left as vLLM leaves it: its own TypeError, word for word.
         assert result["hybrid_off"] == without["hybrid_off"]
         assert result["hybrid_off"]["error"]["type"] == "builtins.TypeError", result["hybrid_off"]
-        assert not result["get_kv_cache_groups"]["wrapped"], result["get_kv_cache_groups"]
-        row = status["kv_cache_groups"]
-        assert row["state"] == "not_needed" and "kv_cache_utils defines no get_kv_cache_groups" in row["detail"], row
-        assert status["kv_view_guard"]["state"] == "not_needed", status["kv_view_guard"]
+        assert not result[GROUPING]["wrapped"], result[GROUPING]
+        row = status[STOP.name]
+        assert row["state"] == "not_needed" and f"kv_cache_utils defines no {GROUPING}" in row["detail"], row
+        assert status[VIEW_GUARD.name]["state"] == "not_needed", status[VIEW_GUARD.name]
         assert result["merge"] == without["merge"]
 
 
@@ -254,7 +256,7 @@ def test_reverted_vllm_stops_with_the_shim_and_views_512_without(arms):
     assert bytes_per_token(on, "attn") == {512}, on["layers"]
 
     status = status_of(result)
-    for name in ("attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups", "kv_view_guard"):
+    for name in (*(spec.name for spec in SPECS), STOP.name, VIEW_GUARD.name):
         assert status[name]["state"] == "patched", (name, status[name])
     assert_hybrid_on_views_584(result)  # the spec patches' correction
     assert_stopped_by_the_shim(result)
@@ -272,7 +274,7 @@ def deterministic(result: dict[str, Any]) -> dict[str, Any]:
             return e
         return {"type": e["type"], "patch": e["message"].split(":", 1)[0]}
 
-    out: dict[str, Any] = {"vllm": result["vllm"], "get_kv_cache_groups": result["get_kv_cache_groups"]}
+    out: dict[str, Any] = {"vllm": result["vllm"], GROUPING: result[GROUPING]}
     for key in ("hybrid_on", "hybrid_off"):
         out[key] = dict(result[key], error=error(result[key].get("error")))
     out["merge"] = dict(result["merge"], view_error=error(result["merge"].get("view_error")))

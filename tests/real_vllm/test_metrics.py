@@ -19,18 +19,19 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__
+from tests.cases import CASES, PATCHES, STOP
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.venvs import ensure_venv
-from tests.reporting.test_metrics import PATCHES, Scrape
+from tests.reporting.test_metrics import Scrape
 
 pytestmark = pytest.mark.real_vllm
 
 INSIDE = Path(__file__).resolve().parent / "inside" / "scrape_metrics.py"
 VERSION = "0.25.0"
 # What 0.25.0 needs (docs/evidence/hybrid-off.md): the hybrid-off stop and its view guard; the rest is fixed.
-DECIDED = {**dict.fromkeys(PATCHES, "not_needed"), "kv_cache_groups": "patched", "kv_view_guard": "patched"}
+DECIDED = {name: case.released for name, case in CASES.items()}
 # An API server's process imports the KV-cache grouping with its engine client, none of the model's modules.
-API_SERVER = {**dict.fromkeys(PATCHES, "pending"), "kv_cache_groups": "patched"}
+API_SERVER = {**dict.fromkeys(PATCHES, "pending"), STOP.name: "patched"}
 
 
 def run(*args: str) -> list[dict]:
@@ -53,7 +54,7 @@ def test_one_api_server_serves_the_states_of_its_own_process_from_the_default_re
     first, then = scraped(api), scraped(later)
     assert first.info == {("sitecustomize", __version__, None): 1}
     assert first.current() == API_SERVER
-    assert first.needed == {("kv_cache_groups", None): 1}
+    assert first.needed == {(STOP.name, None): 1}
     assert then.current() == DECIDED
     assert then.needed == {(patch, None): int(state == "patched") for patch, state in DECIDED.items()}
 
@@ -69,4 +70,4 @@ def test_several_api_servers_serve_every_process_through_vllms_multiprocess_coll
     assert scrape.current(str(engine["pid"])) == DECIDED
     assert scrape.current(str(api["pid"])) == API_SERVER
     assert {(patch, pid) for (patch, pid) in scrape.needed} == {
-        *((patch, str(engine["pid"])) for patch in PATCHES), ("kv_cache_groups", str(api["pid"]))}
+        *((patch, str(engine["pid"])) for patch in PATCHES), (STOP.name, str(api["pid"]))}

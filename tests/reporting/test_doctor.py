@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cases import PATCHES, SWA
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -151,19 +152,15 @@ def test_doctor_json_against_the_standin_says_needed_and_active(venv):
     assert (report["schema"], report["verdict"], report["exit_code"]) == (2, "fixing", 0)
     assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
     assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
-    assert {p["name"]: p["needed"] for p in report["patches"]} == {
-        "remap_dspark_name": True, "attention_kv_cache_spec": True, "swa_kv_cache_spec": True,
-        "kv_cache_groups": True, "draft_load_coverage": True, "kv_view_guard": True,
-    }
-    swa = next(p for p in report["patches"] if p["name"] == "swa_kv_cache_spec")
+    assert {p["name"]: p["needed"] for p in report["patches"]} == dict.fromkeys(PATCHES, True)
+    swa = next(p for p in report["patches"] if p["name"] == SWA.name)
     assert swa["detail"] == "needed (vLLM returns 512 bytes/token for fp8_ds_mla; shim gives 584)"
 
 
 def test_doctor_fails_when_the_fix_is_needed_but_switched_off(venv):
     proc = run_in_venv(venv, args=("dspark-hotfix", "doctor"), path=(startup_dir(venv), STANDIN), DSPARK_HOTFIX="0")
     assert proc.returncode == 1
-    assert ("PROBLEM       remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
-            "draft_load_coverage, kv_view_guard needed but DSPARK_HOTFIX='0' turns the shim off") in proc.stdout
+    assert f"PROBLEM       {', '.join(PATCHES)} needed but DSPARK_HOTFIX='0' turns the shim off" in proc.stdout
 
 
 def test_doctor_fails_without_any_activation_path(venv):

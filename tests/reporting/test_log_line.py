@@ -7,13 +7,16 @@ from __future__ import annotations
 import pytest
 
 from dspark_hotfix import __version__
+from tests.cases import PATCHES, VIEW_GUARD
 from tests.conftest import (
     ALL_PATCHED,
     ENGINE_CORE_FIRST,
+    IMPORT_ALL,
     REPO,
+    RUNNER,
+    RUNNER_PENDING,
     STANDIN,
     STATUS,
-    TARGETS,
     json_lines,
     last_json,
     run_python,
@@ -24,18 +27,14 @@ from tests.conftest import (
 
 def test_a_guard_decided_after_the_first_line_gives_a_new_whole_line():
     # The engine core's order on vLLM 0.25.0: KV-cache grouping and the model first, the V2
-    # runner's attn_utils later. The first line leaves kv_view_guard pending; an operator reading
+    # runner's attn_utils later. The first line leaves the view guard pending; an operator reading
     # the log must see it decided too, once, when it is, in a line that is the whole state again.
     first = ENGINE_CORE_FIRST
-    proc = run_python(first + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS)
+    proc = run_python(first + f"import {RUNNER}\n" + STATUS)
     rows = last_json(proc.stdout)
-    head = f"dspark_hotfix {__version__} (pid {rows['kv_view_guard']['pid']}) via sitecustomize: "
-    assert summary_lines(proc.stderr) == [
-        head + "fixing: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, kv_cache_groups, "
-               "draft_load_coverage), 1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)",
-        head + ALL_PATCHED,
-    ]
-    assert rows["kv_view_guard"]["state"] == "patched"
+    head = f"dspark_hotfix {__version__} (pid {rows[VIEW_GUARD.name]['pid']}) via sitecustomize: "
+    assert summary_lines(proc.stderr) == [head + RUNNER_PENDING, head + ALL_PATCHED]
+    assert rows[VIEW_GUARD.name]["state"] == "patched"
     # a process that never imports the runner's module says nothing more
     assert len(summary_lines(run_python(first + STATUS).stderr)) == 1
 
@@ -43,21 +42,21 @@ def test_a_guard_decided_after_the_first_line_gives_a_new_whole_line():
 def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line():
     # vLLM applies VLLM_LOGGING_CONFIG_PATH with dictConfig while `import vllm` runs, after the
     # shim activated; dictConfig's default disable_existing_loggers=True would disable its logger.
-    code = 'import logging.config, vllm\nlogging.config.dictConfig({"version": 1})\n' + TARGETS
+    code = 'import logging.config, vllm\nlogging.config.dictConfig({"version": 1})\n' + IMPORT_ALL
     proc = run_python(code)
     (summary,) = summary_lines(proc.stderr)
     assert summary.endswith(f"via sitecustomize: {ALL_PATCHED}")
 
 
 def test_on_a_fixed_vllm_the_removable_line_is_the_only_one_in_the_engine_cores_order(fixed_standin):
-    # The line comes before the V2 runner's attn_utils: kv_view_guard follows its patches (not needed)
+    # The line comes before the V2 runner's attn_utils: the view guard follows its patches (not needed)
     # without waiting for its module, so the removable line is whole, and the only one.
-    code = ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n" + STATUS
+    code = ENGINE_CORE_FIRST + f"import {RUNNER}\n" + STATUS
     proc = run_python(code, path=(REPO, fixed_standin))
     rows = json_lines(proc.stdout)[-1]
-    assert rows["kv_view_guard"]["state"] == "not_needed"
+    assert rows[VIEW_GUARD.name]["state"] == "not_needed"
     assert [line.split("[dspark_hotfix] ")[1] for line in proc.stderr.splitlines()] == summary_lines(proc.stderr)
-    assert [state_of(line) for line in summary_lines(proc.stderr)] == ["removable: 6 not_needed"]
+    assert [state_of(line) for line in summary_lines(proc.stderr)] == [f"removable: {len(PATCHES)} not_needed"]
 
 
 # A tensor-parallel worker's order: the model and the V2 runner, never vLLM's KV-cache grouping.
@@ -67,15 +66,15 @@ WORKER = ("import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvi
 
 @pytest.mark.parametrize("build", ["fixed", "reverted"])
 def test_every_process_kind_gives_the_same_verdict(fixed_standin, build):
-    # kv_cache_groups's module is the engine core's (and the API server's), never a worker's: the shim
+    # The stop's module is the engine core's (and the API server's), never a worker's: the shim
     # imports it there to judge it, so a worker does not leave it pending (nor keep a guard for it).
     path = (REPO, fixed_standin if build == "fixed" else STANDIN)
-    orders = {"engine core": ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n", "worker": WORKER,
+    orders = {"engine core": ENGINE_CORE_FIRST + f"import {RUNNER}\n", "worker": WORKER,
               "api server": ENGINE_CORE_FIRST}
     last = {kind: state_of(summary_lines(run_python(code + STATUS, path=path).stderr)[-1])
             for kind, code in orders.items()}
     if build == "fixed":
-        assert set(last.values()) == {"removable: 6 not_needed"}, last
+        assert set(last.values()) == {f"removable: {len(PATCHES)} not_needed"}, last
     else:
         assert {line.split(":")[0] for line in last.values()} == {"fixing"}, last
         assert last["worker"] == last["engine core"] == ALL_PATCHED

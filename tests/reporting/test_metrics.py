@@ -15,6 +15,7 @@ import shutil
 import subprocess
 
 from dspark_hotfix import __version__
+from tests.cases import PATCHES, REMAP, STOP, SWA
 from tests.conftest import (
     FIXED,
     IMPORT_ALL,
@@ -24,13 +25,11 @@ from tests.conftest import (
     edited_standin,
     json_lines,
     last_json,
-    patch_names,
     run_python,
     warning_lines,
 )
 from tests.real_vllm.venvs import cache_dir
 
-PATCHES = patch_names()
 # Prints the dspark_hotfix samples of a registry (the default one unless given) as one JSON line.
 SCRAPE = """
 import json as _json
@@ -75,15 +74,15 @@ def test_each_patch_shows_its_state_and_follows_later_decisions():
 def test_prometheus_client_imported_before_vllm_shows_the_states_at_activation():
     (scrape,) = scrapes("import prometheus_client, vllm.v1.core.kv_cache_utils\nscrape()\n")
     assert scrape.info == {("sitecustomize", __version__, None): 1}
-    assert scrape.current()["kv_cache_groups"] == "patched"
-    assert scrape.current()["remap_dspark_name"] == "pending"
+    assert scrape.current()[STOP.name] == "patched"
+    assert scrape.current()[REMAP.name] == "pending"
 
 
 def test_excluded_and_not_needed_patches_show_their_verdicts(tmp_path):
     code = "import vllm, prometheus_client\n" + IMPORT_ALL + "scrape()\n"
-    (excluded,) = scrapes(code, DSPARK_HOTFIX_PATCHES="-remap_dspark_name")
-    assert excluded.current()["remap_dspark_name"] == "excluded"
-    assert excluded.needed[("remap_dspark_name", None)] == 1  # what an alert on needed-but-not-installed reads
+    (excluded,) = scrapes(code, DSPARK_HOTFIX_PATCHES=f"-{REMAP.name}")
+    assert excluded.current()[REMAP.name] == "excluded"
+    assert excluded.needed[(REMAP.name, None)] == 1  # what an alert on needed-but-not-installed reads
     fixed = edited_standin(tmp_path / "fixed", FIXED)  # vLLM with the upstream fix: nothing is needed
     proc = run_python(SCRAPE + code, path=(REPO, fixed))
     (not_needed,) = (Scrape(line) for line in json_lines(proc.stdout))  # type: ignore[arg-type]
@@ -164,7 +163,7 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     engine, api, off = (IMPORT_ALL, {}, (REPO, STANDIN)), ("", {}, (REPO, STANDIN)), {"DSPARK_HOTFIX": "0"}
     pods = {
         "patched": pod("patched", engine, api),
-        "excluded": pod("excluded", (IMPORT_ALL, {"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}, (REPO, STANDIN))),
+        "excluded": pod("excluded", (IMPORT_ALL, {"DSPARK_HOTFIX_PATCHES": f"-{REMAP.name}"}, (REPO, STANDIN))),
         "fixed": pod("fixed", (IMPORT_ALL, {}, (REPO, fixed)), ("", {}, (REPO, fixed))),
         # an API server's process alone: the grouping judged, the model's patches never
         "fixed-api-server": pod("fixed-api-server", ("import vllm.v1.core.kv_cache_utils\n", {}, (REPO, fixed))),
@@ -183,8 +182,8 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
               for p, samples in pods.items() for name, labels, value in samples]
     inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p}), "values": "0x10"} for p in pods]
     needed_not_installed, could_drop, without_shim = documented_queries()
-    excluded = {**where, "pod": "excluded", "patch": "remap_dspark_name", "pid": excluded_pid}
-    failed = {**where, "pod": "fixed-failed", "patch": "swa_kv_cache_spec", "pid": failed_pid}
+    excluded = {**where, "pod": "excluded", "patch": REMAP.name, "pid": excluded_pid}
+    failed = {**where, "pod": "fixed-failed", "patch": SWA.name, "pid": failed_pid}
     expected = [
         (needed_not_installed, [(series("dspark_hotfix_patch_needed", excluded), 1),
                                 (series("dspark_hotfix_patch_needed", failed), -1)]),
@@ -249,7 +248,7 @@ threading.Thread(target=publishing, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
-    import vllm.v1.worker.gpu.attn_utils  # a decision in the child (kv_view_guard): it publishes
+    import vllm.v1.worker.gpu.attn_utils  # a decision in the child (the view guard): it publishes
     from prometheus_client import generate_latest
     info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
     print(json.dumps(info), flush=True)

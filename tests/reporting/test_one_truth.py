@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import cases
 from tests.conftest import (
     FIXED,
     IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
-    TARGETS,
     edited_standin,
     last_json,
     run_python,
@@ -31,8 +31,7 @@ from tests.conftest import (
 
 STARTUP = REPO / "dspark_hotfix" / "startup"  # holds only sitecustomize.py
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
-SWA = "swa_kv_cache_spec"
-GUARDS = ("draft_load_coverage", "kv_view_guard")
+SWA, ATTENTION, VIEW_GUARD = cases.SWA.name, cases.ATTENTION.name, cases.VIEW_GUARD.name
 NO_QUANT_MODE = {"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]}
 RESHAPE_SIGNATURE = {"vllm/v1/worker/gpu/attn_utils.py": [("kv_cache_config=None\n",
                                                           "kv_cache_config=None, layer_map=None\n")]}
@@ -75,7 +74,7 @@ def test_doctor_reports_failed_rows_when_a_probe_raises_and_the_shim_is_not_acti
     report = report_of(proc)
     assert proc.returncode == 1 and report["verdict"] == "problem"
     doctor = states(report)
-    assert doctor["attention_kv_cache_spec"] == doctor[SWA] == "failed"
+    assert doctor[ATTENTION] == doctor[SWA] == "failed"
     assert any(problem.startswith(f"{SWA}: ") for problem in report["problems"]), report["problems"]
     assert {name: row["state"] for name, row in hooks(standin).items()} == doctor
 
@@ -126,10 +125,10 @@ def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
     proc = run_python("import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils\n" + IMPORT_ALL + STATUS,
                       path=(REPO, standin))
     rows = last_json(proc.stdout)
-    assert rows["kv_view_guard"]["state"] == "failed"
+    assert rows[VIEW_GUARD]["state"] == "failed"
     (summary,) = summary_lines(proc.stderr)
     assert "guards on" not in summary
-    assert "problem: " in summary and "failed (kv_view_guard)" in summary
+    assert "problem: " in summary and f"failed ({VIEW_GUARD})" in summary
     for state, word in WORDS.items():
         count = sum(row["state"] == state for row in rows.values())
         assert f" {count} {word}" in summary if count else word not in summary, (state, summary)
@@ -163,18 +162,18 @@ def test_doctor_status_and_the_hooks_name_the_same_state_and_exit_alike(standins
 
 
 def test_doctor_judges_guards_as_the_hooks_do():
-    env = {"DSPARK_HOTFIX_PATCHES": "-attention_kv_cache_spec,-swa_kv_cache_spec"}
+    env = {"DSPARK_HOTFIX_PATCHES": ",".join(f"-{p.name}" for p in cases.SPECS)}
     proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
                       env=env, check=False)
     report = __import__("json").loads(proc.stdout)
     rows = {p["name"]: p for p in report["patches"]}
     assert proc.returncode == 1
     # The patches it guards are excluded but needed here: the guard is on, in doctor and in the hooks.
-    assert (rows["kv_view_guard"]["needed"], rows["draft_load_coverage"]["needed"]) == (True, True)
-    assert "swa_kv_cache_spec is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
-    hooks = last_json(run_python(TARGETS + STATUS, env=env).stdout)
+    assert [rows[guard.name]["needed"] for guard in cases.GUARDS] == [True] * len(cases.GUARDS)
+    assert f"{SWA} is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
+    hooks = last_json(run_python(IMPORT_ALL + STATUS, env=env).stdout)
     assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
-    assert hooks["kv_view_guard"]["state"] == "patched"
+    assert hooks[VIEW_GUARD]["state"] == "patched"
 
 
 # Each case below once read two ways in two reporters. Now state.judge is the one reading.
@@ -212,29 +211,31 @@ def test_an_inconclusive_probe_gives_one_verdict_in_status_and_in_the_commands(t
     doctor = report_of(cli("doctor", "--json", path=(STARTUP, standin), env=env))
     code = IMPORT_ALL + "import json, dspark_hotfix\nprint(json.dumps(dspark_hotfix.status()))"
     in_process = last_json(run_python(code, path=(REPO, standin), env=env).stdout)
-    assert status["patches"][2]["needed"] is None, status["patches"]
+    assert next(p for p in status["patches"] if p["name"] == SWA)["needed"] is None, status["patches"]
     assert status["verdict"] == doctor["verdict"] == in_process["verdict"] == "undecided"
     assert status["exit_code"] == doctor["exit_code"] == in_process["exit_code"] == 1
 
 
 def test_a_correction_that_raises_reads_raised_in_the_row_the_line_and_the_gauges():
     code = ("import json, prometheus_client, types, vllm\n" + IMPORT_ALL + SCRAPED +
-            "import dspark_hotfix, dspark_hotfix.patches.attention_kv_cache_spec as patch\n"
+            f"import dspark_hotfix, {cases.ATTENTION.replacement.__module__} as patch\n"
             "def drifted(*args):\n    raise ValueError('a spec field this shim does not know')\n"
             "patch.fp8_ds_mla_spec = drifted\n"
             "from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A\n"
             "config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=256))\n"
             "spec = A(compress_ratio=4).get_kv_cache_spec(config)\n"
             "s = dspark_hotfix.status()\n"
-            "print(json.dumps([s['patches'][1], s['verdict'], s['exit_code'], spec.head_size, gauges()]))\n")
+            f"row = next(r for r in s['patches'] if r['name'] == {ATTENTION!r})\n"
+            "print(json.dumps([row, s['verdict'], s['exit_code'], spec.head_size, gauges()]))\n")
     proc = run_python(code)
     row, verdict, code_, head_size, gauges = last_json(proc.stdout)
     assert head_size == 512  # vLLM's own answer went on
     assert row["state"] == "raised" and "ValueError: a spec field" in row["detail"], row
     assert verdict == "problem" and code_ == 1
-    assert state_of(summary_lines(proc.stderr)[-1]).startswith("problem: 5 patched ("), summary_lines(proc.stderr)
-    assert "1 raised (attention_kv_cache_spec)" in summary_lines(proc.stderr)[-1]
-    assert shown(gauges, "attention_kv_cache_spec") == ["raised"]
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(cases.PATCHES) - 1} patched ("), \
+        summary_lines(proc.stderr)
+    assert f"1 raised ({ATTENTION})" in summary_lines(proc.stderr)[-1]
+    assert shown(gauges, ATTENTION) == ["raised"]
 
 
 def test_a_patched_function_another_tool_wraps_again_still_reads_patched():
@@ -246,7 +247,8 @@ def test_a_patched_function_another_tool_wraps_again_still_reads_patched():
             "config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=256))\n"
             "spec = A(compress_ratio=4).get_kv_cache_spec(config)\n"
             "s = dspark_hotfix.status()\n"
-            "print(json.dumps([s['patches'][1], s['verdict'], s['exit_code'], spec.alignment]))\n")
+            f"row = next(r for r in s['patches'] if r['name'] == {ATTENTION!r})\n"
+            "print(json.dumps([row, s['verdict'], s['exit_code'], spec.alignment]))\n")
     row, verdict, code_, alignment = last_json(run_python(code).stdout)
     assert alignment == 576  # the correction still runs under the other wrapper
     assert (row["state"], row["corrections"], verdict, code_) == ("patched", 1, "fixing", 0), row

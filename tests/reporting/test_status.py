@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from tests.cases import REMAP, STOP, SWA
 from tests.conftest import (
     STATUS,
     WARMUP,
@@ -19,10 +20,10 @@ from tests.standin.warmup import CHECKPOINT
 
 def test_corrections_and_calls_are_counted():
     rows = last_json(run_python(WARMUP + "\n" + STATUS).stdout)
-    assert (rows["swa_kv_cache_spec"]["corrections"], rows["remap_dspark_name"]["corrections"]) == (4, 6)
+    assert (rows[SWA.name]["corrections"], rows[REMAP.name]["corrections"]) == (4, 6)
     # every call of a wrapper is counted, the ones whose answer was right unchanged too
-    assert (rows["swa_kv_cache_spec"]["calls"], rows["remap_dspark_name"]["calls"]) == (4, len(CHECKPOINT))
-    assert rows["kv_cache_groups"]["calls"] == 1  # the engine groups its KV caches once
+    assert (rows[SWA.name]["calls"], rows[REMAP.name]["calls"]) == (4, len(CHECKPOINT))
+    assert rows[STOP.name]["calls"] == 1  # the engine groups its KV caches once
 
 
 def test_status_before_vllm_is_imported_says_pending():

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import (
     IMPORT_ALL,
+    PATCHES,
     REPO,
     STANDIN,
     STATUS,
@@ -26,7 +27,6 @@ from tests.conftest import (
     json_lines,
     last_json,
     listing,
-    patch_names,
     run_in_env,
     run_python,
     summary_lines,
@@ -181,7 +181,7 @@ def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
     on = run_python(code, path=(REPO, fixed_standin))
     off = run_python(code, path=(REPO, fixed_standin), env={"DSPARK_HOTFIX": "0"})
     depth, report, rows = json_lines(on.stdout)
-    assert depth == dict.fromkeys(patch_names(), 0)  # vLLM's own functions, unwrapped
+    assert depth == dict.fromkeys(PATCHES, 0)  # vLLM's own functions, unwrapped
     assert report["error"] is None and report == json_lines(off.stdout)[1]
     assert {r["state"] for r in rows.values()} == {"not_needed"}
     assert warning_lines(on.stderr) == []

@@ -11,10 +11,10 @@ import subprocess
 import pytest
 
 from dspark_hotfix import config
+from tests.cases import CORRECTIONS, SWA
 from tests.conftest import (
     IMPORT_ALL,
     STATUS,
-    TARGETS,
     child,
     last_json,
     run_python,
@@ -22,7 +22,7 @@ from tests.conftest import (
     warning_lines,
 )
 
-NAMES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+NAMES = tuple(p.name for p in CORRECTIONS)
 ENABLED = "import dspark_hotfix; print(dspark_hotfix.enabled())"
 
 
@@ -43,14 +43,14 @@ def test_a_huge_switch_value_is_cut_at_interpreter_start():
 
 @pytest.mark.parametrize(
     ("var", "value"),
-    [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_PATCHES", "swa_kv_cache_spec,bogus")],
+    [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_PATCHES", f"{SWA.name},bogus")],
 )
 def test_malformed_value_warns_once_and_uses_the_default(var, value):
-    proc = run_python(TARGETS + STATUS, env={var: value})
+    proc = run_python(IMPORT_ALL + STATUS, env={var: value})
     warnings = warning_lines(proc.stderr)
     assert warnings[0].startswith(var) and repr(value.split(",")[-1]) in warnings[0]
     assert len(warnings) == 1  # what the selection leaves off, the state line says
-    assert last_json(proc.stdout)["swa_kv_cache_spec"]["state"] == "patched"
+    assert last_json(proc.stdout)[SWA.name]["state"] == "patched"
 
 
 def states(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
@@ -73,7 +73,7 @@ PAYLOADS = {
     "python": "__import__('os').system('touch {mark}')",
     "shell": "$(touch {mark}) `touch {mark}`",
     "format": "%(name)s %s {{0.__class__}} {{mark}}",
-    "newline": "1\ndspark_hotfix[1] INFO: swa_kv_cache_spec: patched FORGED",
+    "newline": f"1\ndspark_hotfix[1] INFO: {SWA.name}: patched FORGED",
 }
 
 

@@ -6,21 +6,21 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import (
-    IS_ORIGINAL,
+    IMPORT_ALL,
     PATCHES,
     STATUS,
-    TARGETS,
+    WRAP_DEPTH,
     run_python,
 )
 
 
 def test_off_means_nothing_is_wrapped_and_nothing_is_said():
-    proc = run_python(TARGETS + IS_ORIGINAL + STATUS, env={"DSPARK_HOTFIX": "0"})
-    originals, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert originals == [True] * len(PATCHES)
+    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, env={"DSPARK_HOTFIX": "0"})
+    depth, rows = (__import__("json").loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert depth == dict.fromkeys(PATCHES, 0)  # each target vLLM's own plain function
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert proc.stderr == ""
-    assert "wrapt" not in run_python(TARGETS + "import sys; print(sorted(sys.modules))",
+    assert "wrapt" not in run_python(IMPORT_ALL + "import sys; print(sorted(sys.modules))",
                                      env={"DSPARK_HOTFIX": "off"}).stdout
 
 

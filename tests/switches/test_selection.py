@@ -7,28 +7,27 @@ import json
 import subprocess
 
 from dspark_hotfix import config
+from tests.cases import CORRECTIONS, PATCHES, REMAP, STOP, SWA, VIEW_GUARD, module_file
 from tests.conftest import (
     ENGINE_CORE_FIRST,
     FIXED,
     IMPORT_ALL,
-    PATCHES,
     REPO,
+    RUNNER,
     STANDIN,
     STATUS,
-    TARGETS,
     child,
     edited_standin,
     last_json,
-    patch_names,
     run_python,
     warning_lines,
 )
 
 
 def test_selection_patches_only_the_named_patch_and_its_guard():
-    rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "swa_kv_cache_spec"}).stdout)
-    assert rows["swa_kv_cache_spec"]["state"] == rows["kv_view_guard"]["state"] == "patched"
-    assert {rows[n]["state"] for n in PATCHES if n not in ("swa_kv_cache_spec", "kv_view_guard")} == {"excluded"}
+    rows = last_json(run_python(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": SWA.name}).stdout)
+    assert rows[SWA.name]["state"] == rows[VIEW_GUARD.name]["state"] == "patched"
+    assert {rows[n]["state"] for n in PATCHES if n not in (SWA.name, VIEW_GUARD.name)} == {"excluded"}
 
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
@@ -36,12 +35,12 @@ STARTUP = REPO / "dspark_hotfix" / "startup"
 
 def test_selecting_only_the_hybrid_off_stop_brings_its_guard_and_status_exits_0(tmp_path):
     # A build like vLLM 0.25.0: the reported bug fixed, the hybrid-off grouping not.
-    released = edited_standin(tmp_path / "standin", {k: v for k, v in FIXED.items() if "kv_cache_utils" not in k})
+    released = edited_standin(tmp_path / "standin", {k: v for k, v in FIXED.items() if k != module_file(STOP)})
     proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status', '--json']))",
-                      path=(STARTUP, released), env={"DSPARK_HOTFIX_PATCHES": "kv_cache_groups"}, check=False)
+                      path=(STARTUP, released), env={"DSPARK_HOTFIX_PATCHES": STOP.name}, check=False)
     report = json.loads(proc.stdout)
     assert (proc.returncode, report["verdict"]) == (0, "guarding"), report["problems"]
-    assert {r["name"]: r["state"] for r in report["patches"]}["kv_view_guard"] == "patched"
+    assert {r["name"]: r["state"] for r in report["patches"]}[VIEW_GUARD.name] == "patched"
 
 
 def test_an_unknown_name_is_a_warning_in_status_not_a_problem():
@@ -51,22 +50,22 @@ def test_an_unknown_name_is_a_warning_in_status_not_a_problem():
 
 
 def test_exclusion_leaves_the_excluded_patch_alone():
-    rows = last_json(run_python(TARGETS + STATUS, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name"}).stdout)
-    assert rows["remap_dspark_name"]["state"] == "excluded"
-    assert rows["swa_kv_cache_spec"]["state"] == "patched"
+    rows = last_json(run_python(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": f"-{REMAP.name}"}).stdout)
+    assert rows[REMAP.name]["state"] == "excluded"
+    assert rows[SWA.name]["state"] == "patched"
 
 
 def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_decided_after_the_first_line():
-    proc = run_python(ENGINE_CORE_FIRST + "import vllm.v1.worker.gpu.attn_utils\n",
-                      env={"DSPARK_HOTFIX_PATCHES": "-kv_view_guard"})
+    proc = run_python(ENGINE_CORE_FIRST + f"import {RUNNER}\n", env={"DSPARK_HOTFIX_PATCHES": f"-{VIEW_GUARD.name}"})
     lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
-    assert lines[first].endswith("1 pending (kv_view_guard until vllm.v1.worker.gpu.attn_utils is imported)")
-    assert lines[-1].endswith("problem: 5 patched (remap_dspark_name, attention_kv_cache_spec, swa_kv_cache_spec, "
-                              "kv_cache_groups, draft_load_coverage), 1 excluded (kv_view_guard)")
+    assert lines[first].endswith(f"1 pending ({VIEW_GUARD.name} until {RUNNER} is imported)")
+    patched = [name for name in PATCHES if name != VIEW_GUARD.name]
+    assert lines[-1].endswith(f"problem: {len(patched)} patched ({', '.join(patched)}), "
+                              f"1 excluded ({VIEW_GUARD.name})")
 
 
-ALL_INSTALLED = dict.fromkeys(patch_names(), "patched")
+ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 def states(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
@@ -91,26 +90,26 @@ def test_a_name_both_selected_and_excluded_gives_one_warning():
     assert len(warning_lines(proc.stderr)) == 1, proc.stderr
 
 
-NAMES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+NAMES = tuple(p.name for p in CORRECTIONS)
 
 
 def test_selection_of_names_is_case_insensitive():
-    assert config.parse_selection("SWA_KV_CACHE_SPEC, Remap_DSpark_Name", NAMES) == (
-        frozenset({"swa_kv_cache_spec", "remap_dspark_name"}), None)
+    assert config.parse_selection(f"{SWA.name.upper()}, {REMAP.name.title()}", NAMES) == (
+        frozenset({SWA.name, REMAP.name}), None)
 
 
 def test_selection_by_exclusion_keeps_the_rest():
-    assert config.parse_selection("-remap_dspark_name", NAMES) == (frozenset(NAMES) - {"remap_dspark_name"}, None)
+    assert config.parse_selection(f"-{REMAP.name}", NAMES) == (frozenset(NAMES) - {REMAP.name}, None)
 
 
 def test_a_name_both_selected_and_excluded_is_excluded():
-    selected, problem = config.parse_selection("swa_kv_cache_spec,-swa_kv_cache_spec,-swa_kv_cache_spec", NAMES)
+    selected, problem = config.parse_selection(f"{SWA.name},-{SWA.name},-{SWA.name}", NAMES)
     assert (selected, problem) == (frozenset(), None)
 
 
 def test_selection_with_unknown_name_warns_and_ignores_it():
-    selected, problem = config.parse_selection("swa_kv_cache_spec,bogus", NAMES)
-    assert selected == {"swa_kv_cache_spec"}
+    selected, problem = config.parse_selection(f"{SWA.name},bogus", NAMES)
+    assert selected == {SWA.name}
     assert problem is not None and "1 unknown name ignored ('bogus'; known: " in problem
 
 

@@ -1,5 +1,5 @@
 """``DSPARK_HOTFIX_STRICT``: off by default, on for true words only; strict, a patch that cannot be applied
-(a changed signature, every fault of tests/patches/faults.py, no or an unusable wrapt, a draft left unloaded)
+(a changed signature, every fault of tests/cases.py, no or an unusable wrapt, a draft left unloaded)
 stops the process naming the patch, its target and a remedy that exists, and every retried import is refused.
 """
 
@@ -12,12 +12,12 @@ import sys
 import pytest
 
 from dspark_hotfix import config
+from tests.cases import ATTENTION, CORRECTIONS, FAULTS, LOAD_GUARD, REMAP, SWA
 from tests.conftest import (
     IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
-    TARGETS,
     WARMUP,
     edited_standin,
     json_lines,
@@ -25,24 +25,22 @@ from tests.conftest import (
     run_python,
 )
 from tests.patches.faults import (
-    FAULTS,
-    SWA,
     driver,
     fault,  # noqa: F401  (the fixture: each fault's edited stand-in)
 )
 
 
 def test_draft_load_guard_stops_the_load_in_strict_mode():
-    proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": "-remap_dspark_name", "DSPARK_HOTFIX_STRICT": "1"})
-    assert "HotfixError: draft_load_coverage: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
+    proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": f"-{REMAP.name}", "DSPARK_HOTFIX_STRICT": "1"})
+    assert f"HotfixError: {LOAD_GUARD.name}: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
 
 
 def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(broken_standin):
-    proc = run_python(TARGETS, path=(REPO, broken_standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
+    proc = run_python(IMPORT_ALL, path=(REPO, broken_standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dspark_hotfix.registry.HotfixError: swa_kv_cache_spec: cannot patch ")
-    assert "DeepseekV4SWACache.get_kv_cache_spec" in last and "DSPARK_HOTFIX_PATCHES=-swa_kv_cache_spec" in last
+    assert last.startswith(f"dspark_hotfix.registry.HotfixError: {SWA.name}: cannot patch ")
+    assert "DeepseekV4SWACache.get_kv_cache_spec" in last and f"DSPARK_HOTFIX_PATCHES=-{SWA.name}" in last
 
 
 def test_strict_mode_without_wrapt_stops_naming_wrapt_and_the_remedy(tmp_path):
@@ -88,7 +86,7 @@ def test_strict_mode_without_a_usable_wrapt_fails_every_retry_and_status_names_w
     assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows
 
 
-NAMES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
+NAMES = tuple(p.name for p in CORRECTIONS)
 
 
 def settings(**environ: str) -> config.Settings:
@@ -123,7 +121,7 @@ def test_strict_remedy_names_only_commands_that_exist(tmp_path):
     standin = edited_standin(tmp_path / "standin", spec.edits)
     proc = run_python(driver(spec.names), path=(REPO, standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
     message = proc.stderr.strip().splitlines()[-1]
-    assert "DSPARK_HOTFIX_PATCHES=-attention_kv_cache_spec" in message
+    assert f"DSPARK_HOTFIX_PATCHES=-{ATTENTION.name}" in message
     for command in re.findall(r"`dspark-hotfix ([a-z-]+)[^`]*`", message):
         help_run = run_python(f"import sys; sys.argv = ['dspark-hotfix', {command!r}, '--help']\n"
                               "from dspark_hotfix.cli import main; main()", path=(REPO,), check=False)
@@ -147,5 +145,5 @@ print(json.dumps(errors))
 def test_strict_mode_refuses_every_retried_import_of_a_broken_target(standins):
     proc = run_python(RETRY, path=(REPO, standins["changed signature"]), env={"DSPARK_HOTFIX_STRICT": "1"})
     first, retry = last_json(proc.stdout)
-    assert first is not None and first.startswith(f"HotfixError: {SWA}: "), first
+    assert first is not None and first.startswith(f"HotfixError: {SWA.name}: "), first
     assert retry == first

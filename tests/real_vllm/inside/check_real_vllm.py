@@ -7,6 +7,7 @@ with the venv's own pytest; set ``KV_VIEWS_OUT`` to record the reshape views.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import os
@@ -19,27 +20,26 @@ import torch
 
 import dspark_hotfix
 from dspark_hotfix.patches.fp8_ds_mla import fp8_ds_mla_spec, runner_bytes_per_token
-from dspark_hotfix.patches.remap_dspark_name import remap_dspark_name
+from tests.cases import CASES, CORRECTIONS, GUARDS, REMAP, SWA, VIEW_GUARD, method
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grid  # noqa: E402
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention  # noqa: E402
-from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM  # noqa: E402
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache  # noqa: E402
 from vllm.v1.kv_cache_interface import KVQuantMode, get_kv_quant_mode  # noqa: E402
 
 FP8 = get_kv_quant_mode("fp8_ds_mla")
-TARGETS = {
-    "remap_dspark_name": (DSparkDeepseekV4ForCausalLM, "_remap_dspark_name"),
-    "attention_kv_cache_spec": (DeepseekV4Attention, "get_kv_cache_spec"),
-    "swa_kv_cache_spec": (DeepseekV4SWACache, "get_kv_cache_spec"),
-}
-# Decided by the patches above: never looked at where they are not needed.
-GUARDS = ("draft_load_coverage", "kv_view_guard")
+# The corrections: each a method of one of vLLM's classes.
+TARGETS = {p.name: (getattr(importlib.import_module(p.module), p.qualname.split(".")[0]), method(p))
+           for p in CORRECTIONS}
+# Decided by the patches they guard: never looked at where those are not needed.
+GUARD_NAMES = tuple(g.name for g in GUARDS)
 # What the release needs, from the measured matrix (docs/evidence/hybrid-off.md), passed in by the outer
-# test: where vLLM's hybrid-off grouping loses the layout, the kv_cache_groups stop and kv_view_guard apply.
-NEEDED = {"kv_cache_groups", "kv_view_guard"} if os.environ.get("HYBRID_OFF_LOSES_LAYOUT") == "1" else set()
+# test: where vLLM's hybrid-off grouping loses the layout, what tests/cases.py says 0.25.0 needs (the stop
+# and the view guard).
+NEEDED = ({name for name, case in CASES.items() if case.released == "patched"}
+          if os.environ.get("HYBRID_OFF_LOSES_LAYOUT") == "1" else set())
 
 
 def expected_state(name: str) -> str:
@@ -54,13 +54,9 @@ def test_shim_is_active_through_pythonpath():
     assert dspark_hotfix.status()["activated_by"] == "sitecustomize"
 
 
-@pytest.mark.parametrize("name", GUARDS)
+@pytest.mark.parametrize("name", GUARD_NAMES)
 def test_guards_are_applied_only_where_the_release_needs_them(name):
-    import importlib
-
-    from dspark_hotfix.patches import ALL
-
-    patch = next(p for p in ALL if p.name == name)
+    patch = next(p for p in GUARDS if p.name == name)
     module = importlib.import_module(patch.module)
     from dspark_hotfix.registry import resolve
 
@@ -70,7 +66,7 @@ def test_guards_are_applied_only_where_the_release_needs_them(name):
         owner, attribute, _ = resolve(patch, module)
         function = vars(owner)[attribute]  # what vLLM calls
     except Exception:  # the runner's function is gone in this release: nothing to leave untouched
-        assert name == "kv_view_guard"
+        assert name == VIEW_GUARD.name
         return
     assert inspect.isfunction(function) and hasattr(function, "__wrapped__") == (name in NEEDED)
 
@@ -146,7 +142,7 @@ def test_real_remap_with_shifted_mapping_is_corrected_to_the_release_answer():
     corrected = 0
     for name in grid.NAMES:
         try:
-            real = DSparkDeepseekV4ForCausalLM._remap_dspark_name(d, name)
+            real = grid.remap(d, name)
         except Exception:
             continue
         # What the reported build answered: layer index shifted by num_hidden_layers.
@@ -154,8 +150,9 @@ def test_real_remap_with_shifted_mapping_is_corrected_to_the_release_answer():
         if real is not None and real.startswith("model.layers."):
             index, _, rest = real[len("model.layers."):].partition(".")
             shifted = f"model.layers.{43 + int(index)}.{rest}"
-        assert remap_dspark_name(name, real, 3) is real  # the release's answer is kept
-        assert remap_dspark_name(name, shifted, 3) == real
+        # The patched method, where vLLM answers the release's answer, and where it answers shifted.
+        assert REMAP.replacement(lambda self, n, answer=real: answer, d, name) is real  # the answer is kept
+        assert REMAP.replacement(lambda self, n, answer=shifted: answer, d, name) == real
         corrected += shifted != real
     assert corrected == 3 * 10
 
@@ -164,7 +161,7 @@ def _reshape_kv_cache():
     from vllm.v1.worker.gpu import attn_utils
 
     fn = getattr(attn_utils, "_reshape_kv_cache", None)
-    fn = getattr(fn, "__wrapped__", fn)  # vLLM's own, where kv_view_guard is applied
+    fn = getattr(fn, "__wrapped__", fn)  # vLLM's own, where the view guard is applied
     if fn is None or "auto" not in inspect.getsource(fn):
         pytest.skip("this release's V2 runner no longer views NONE-mode specs as 'auto' (gone in 0.29.0)")
     return fn
@@ -240,7 +237,6 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
 
     from dspark_hotfix.patches import Finding
-    from dspark_hotfix.patches.kv_view_guard import PATCH as GUARD
 
     fixed = fixed_specs()["swa"]
     for spec, expect_error in ((pre_fix(fixed, "no_quant_mode"), True), (fixed, False)):
@@ -251,9 +247,9 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
         if expect_error:
             with pytest.raises(Finding, match=r"SlidingWindowMLASpec\(kv_quant_mode=NONE\) viewed at 512 bytes/token: "
                                r"model\.layers\.43\.attn\.swa"):
-                GUARD.replacement(reshape, *args)
+                VIEW_GUARD.replacement(reshape, *args)
         else:
-            views = GUARD.replacement(reshape, *args)
+            views = VIEW_GUARD.replacement(reshape, *args)
             assert views["model.layers.43.attn.swa"].shape[-1] == 584
 
 
@@ -263,16 +259,17 @@ def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():
                 "vllm.v1.attention.backends.mla.sparse_swa", {}, os.environ["PYTHONPATH"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     # One line, which says the shim can go.
-    # The kv_cache_groups probe runs vLLM's hybrid-off conversion; vLLM's warning about it stays out.
+    # The stop's probe runs vLLM's hybrid-off conversion; vLLM's warning about it stays out.
     assert "Hybrid KV cache manager is disabled" not in proc.stderr + proc.stdout
     ours = [line for line in (proc.stderr + proc.stdout).splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and ours[0].startswith("INFO ")
     if NEEDED:
-        assert ours[0].endswith(" via sitecustomize: guarding: 2 patched (kv_cache_groups, kv_view_guard), "
-                                "4 not_needed"), ours
+        needed = [name for name in CASES if name in NEEDED]
+        assert ours[0].endswith(f" via sitecustomize: guarding: {len(needed)} patched ({', '.join(needed)}), "
+                                f"{len(CASES) - len(needed)} not_needed"), ours
     else:
-        assert ours[0].endswith(" via sitecustomize: removable: 6 not_needed"), ours
+        assert ours[0].endswith(f" via sitecustomize: removable: {len(CASES)} not_needed"), ours
     why = _run("import vllm.models.deepseek_v4.attention, dspark_hotfix\n"
-               "print([r['detail'] for r in dspark_hotfix.status()['patches'] if r['name'] == 'swa_kv_cache_spec'][0])",
+               f"print([r['detail'] for r in dspark_hotfix.status()['patches'] if r['name'] == {SWA.name!r}][0])",
                {}, os.environ["PYTHONPATH"])
     assert why.stdout.splitlines()[-1] == "not needed (vLLM already returns 584 bytes/token)", why.stdout + why.stderr

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import dspark_hotfix
+from tests.cases import CORRECTIONS, GUARDS, REMAP, SPECS, VIEW_GUARD
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -32,8 +33,8 @@ import runner_answers  # noqa: E402
 
 COPY = Path(os.environ["REVERTED_VLLM"]).resolve()
 N, K = runner_answers.TARGET_LAYERS, runner_answers.DRAFT_LAYERS
-PATCHES = ("remap_dspark_name", "attention_kv_cache_spec", "swa_kv_cache_spec")
-GUARDS = ("draft_load_coverage", "kv_view_guard")
+# What the revert brings back: the corrections are needed, and the guards with them.
+NEEDED = tuple(p.name for p in (*CORRECTIONS, *GUARDS))
 LAYER_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 
 
@@ -58,8 +59,8 @@ def _start() -> dict[str, subprocess.Popen[str]]:
 
 STARTED = _start()
 # vLLM's target modules, imported as a server imports them: the shim's hooks run here.
-from vllm.models.deepseek_v4.attention import DeepseekV4Attention  # noqa: E402
-from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM  # noqa: E402
+import vllm.models.deepseek_v4.attention  # noqa: E402
+import vllm.models.deepseek_v4.nvidia.dspark  # noqa: E402, F401
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache  # noqa: E402
 from vllm.v1.worker.gpu import attn_utils  # noqa: E402
 
@@ -140,18 +141,21 @@ def test_without_the_shim_the_remap_shifts_draft_layers_past_the_target(without_
     assert shifted == K * 10  # every per-layer name of grid.NAMES
 
 
+def vllm_function(patch: Any) -> Any:
+    """What vLLM's class (or module) holds under the name of the patch's target: the shim's wrapper, if applied."""
+    *classes, name = patch.qualname.split(".")
+    owner = importlib.import_module(patch.module)
+    for cls in classes:
+        owner = getattr(owner, cls)
+    return vars(owner)[name]
+
+
 def test_every_patch_is_installed_and_says_needed():
     fields, rows = status()
-    wrapped = {
-        "remap_dspark_name": DSparkDeepseekV4ForCausalLM.__dict__["_remap_dspark_name"],
-        "attention_kv_cache_spec": DeepseekV4Attention.__dict__["get_kv_cache_spec"],
-        "swa_kv_cache_spec": DeepseekV4SWACache.__dict__["get_kv_cache_spec"],
-        "draft_load_coverage": DSparkDeepseekV4ForCausalLM.__dict__["load_weights"],
-        "kv_view_guard": attn_utils.__dict__["_reshape_kv_cache"],
-    }
+    wrapped = {p.name: vllm_function(p) for p in (*CORRECTIONS, *GUARDS)}
     assert {name for name, function in wrapped.items() if hasattr(function, "__wrapped__")} == set(wrapped)
     assert fields["activated_by"] == "sitecustomize"
-    for name in PATCHES + GUARDS:
+    for name in NEEDED:
         row = rows[name]
         assert row["state"] == "patched", row
         assert row["needed"] is True, row  # the probe's verdict on vLLM's own method
@@ -188,15 +192,15 @@ def test_corrections_are_counted():
     before = {name: row["corrections"] for name, row in status()[1].items()}
     runner_answers.answers()  # each spec method once, the remap once per name of grid.NAMES
     after = {name: row["corrections"] for name, row in status()[1].items()}
-    assert after["attention_kv_cache_spec"] == before["attention_kv_cache_spec"] + 1
-    assert after["swa_kv_cache_spec"] == before["swa_kv_cache_spec"] + 1
-    assert after["remap_dspark_name"] == before["remap_dspark_name"] + K * 10
-    assert all(after[name] > 0 for name in PATCHES), after
+    for spec in SPECS:
+        assert after[spec.name] == before[spec.name] + 1, spec.name
+    assert after[REMAP.name] == before[REMAP.name] + K * 10
+    assert all(after[p.name] > 0 for p in CORRECTIONS), after
 
 
 def test_view_guard_wraps_the_real_reshape_and_stops_a_narrow_view():
     reshape = attn_utils._reshape_kv_cache
-    assert hasattr(reshape, "__wrapped__"), "kv_view_guard did not wrap _reshape_kv_cache"
+    assert hasattr(reshape, "__wrapped__"), f"{VIEW_GUARD.name} did not wrap _reshape_kv_cache"
     for kind, spec in grid.fp8_specs().items():
         assert grid.runner_view(reshape, kind, spec)["bytes_per_token"] == 584
     # vLLM's own (reverted) spec method, behind the shim's wrapper, gives the narrow spec.
@@ -204,7 +208,7 @@ def test_view_guard_wraps_the_real_reshape_and_stops_a_narrow_view():
         grid.swa_layer(64, "fp8_ds_mla"), grid.config(256, "fp8_ds_mla")
     )
     assert grid.runner_view(reshape.__wrapped__, "swa", narrow)["bytes_per_token"] == 512
-    with pytest.raises(Exception, match="kv_view_guard") as stopped:
+    with pytest.raises(Exception, match=VIEW_GUARD.name) as stopped:
         grid.runner_view(reshape, "swa", narrow, layer="model.layers.43.attn.swa")
     assert "model.layers.43.attn.swa" in str(stopped.value) and "512 bytes/token" in str(stopped.value)
 
@@ -215,7 +219,7 @@ def test_doctor_says_the_fix_is_active_where_needed(subprocesses):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (report["schema"], report["verdict"]) == (2, "fixing"), report
     rows = {row["name"]: row for row in report["patches"]}
-    for name in PATCHES + GUARDS:
+    for name in NEEDED:
         assert rows[name]["needed"] is True, rows[name]
 
 

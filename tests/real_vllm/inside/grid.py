@@ -95,6 +95,29 @@ def runner_view(reshape: Any, kind: str, spec: Any, num_blocks: int = 4, layer: 
     }
 
 
+def remap(d: Any, name: str) -> Any:
+    """What vLLM's DSpark remap answers for the checkpoint weight ``name`` of draft ``d``, called through the
+    class as vLLM's loader calls it (the shim's wrapper, where it applied one)."""
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+    return DSparkDeepseekV4ForCausalLM._remap_dspark_name(d, name)
+
+
+def crash_path() -> dict[str, Any]:
+    """vLLM's functions on the DSpark crash path, by name, as their classes (or module) hold them."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+    from vllm.v1.worker.gpu import attn_utils
+
+    return {
+        "_reshape_kv_cache": attn_utils.__dict__["_reshape_kv_cache"],
+        "DeepseekV4Attention.get_kv_cache_spec": DeepseekV4Attention.__dict__["get_kv_cache_spec"],
+        "DeepseekV4SWACache.get_kv_cache_spec": DeepseekV4SWACache.__dict__["get_kv_cache_spec"],
+        "DSparkDeepseekV4ForCausalLM._remap_dspark_name": DSparkDeepseekV4ForCausalLM.__dict__["_remap_dspark_name"],
+    }
+
+
 def describe(spec: object) -> object:
     if spec is None:
         return None
@@ -103,7 +126,6 @@ def describe(spec: object) -> object:
 
 def results() -> dict[str, object]:
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
-    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
     out: dict[str, object] = {}
@@ -117,7 +139,7 @@ def results() -> dict[str, object]:
     d = draft()
     for name in NAMES:
         try:
-            out[f"remap/{name}"] = DSparkDeepseekV4ForCausalLM._remap_dspark_name(d, name)
+            out[f"remap/{name}"] = remap(d, name)
         except Exception as exc:  # some releases read attributes only some names need
             out[f"remap/{name}"] = f"raised {type(exc).__name__}"
     return out

@@ -294,7 +294,7 @@ def merged(model: Model) -> dict[str, Any]:
         try:
             views = call_reshape(attn_utils._reshape_kv_cache, [group], raw, [spec.block_size], None)
             out["view"] = view_of(views[name])
-        except Exception as exc:  # with the shim, kv_view_guard may stop a narrow view: that is an answer
+        except Exception as exc:  # with the shim, its view guard may stop a narrow view: that is an answer
             out["view_error"] = described(exc)
     return out
 

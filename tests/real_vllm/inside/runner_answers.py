@@ -1,7 +1,7 @@
 """vLLM's own answers on the DSpark crash path, as one JSON line.
 
 The V2 runner's KV views (``_reshape_kv_cache``) of the ``fp8_ds_mla`` specs
-that vLLM's spec methods return, and ``_remap_dspark_name`` for every name of
+that vLLM's spec methods return, and its DSpark remap for every name of
 ``grid.NAMES`` (a draft of 3 layers over 43 target layers). Nothing of the shim
 is imported here: whatever the environment activated is what answers, so the
 same script runs with the shim, without it, and with ``DSPARK_HOTFIX=0``.
@@ -22,9 +22,6 @@ TARGET_LAYERS, DRAFT_LAYERS = 43, 3
 
 def answers() -> dict[str, Any]:
     import vllm
-    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
-    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
     from vllm.v1.worker.gpu import attn_utils
 
     specs = grid.fp8_specs()
@@ -33,15 +30,10 @@ def answers() -> dict[str, Any]:
     remap: dict[str, str | None] = {}
     for name in grid.NAMES:
         try:
-            remap[name] = DSparkDeepseekV4ForCausalLM._remap_dspark_name(draft, name)
+            remap[name] = grid.remap(draft, name)
         except Exception as exc:  # recorded, compared across runs
             remap[name] = f"raised {type(exc).__name__}"
-    functions = {
-        "_reshape_kv_cache": attn_utils.__dict__["_reshape_kv_cache"],
-        "DeepseekV4Attention.get_kv_cache_spec": DeepseekV4Attention.__dict__["get_kv_cache_spec"],
-        "DeepseekV4SWACache.get_kv_cache_spec": DeepseekV4SWACache.__dict__["get_kv_cache_spec"],
-        "DSparkDeepseekV4ForCausalLM._remap_dspark_name": DSparkDeepseekV4ForCausalLM.__dict__["_remap_dspark_name"],
-    }
+    functions = grid.crash_path()
     return {
         "vllm_file": vllm.__file__,
         "vllm": vllm.__version__,
