@@ -47,13 +47,9 @@ def _renew_lock() -> None:
 os.register_at_fork(after_in_child=_renew_lock)
 
 
-def on_import(source: str, records: Iterable[state.Record], module: Any) -> None:
-    """wrapt's hook on ``prometheus_client``: it runs once the module has run, still inside its import."""
-    publish(source, records, module)
-
-
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
-    """Set the gauges to the records' states; nothing until ``prometheus_client`` has run."""
+    """Set the gauges to the records' states; nothing until ``prometheus_client`` has run. Also
+    wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its import."""
     if module is None and not getattr(getattr(sys.modules.get("prometheus_client"), "__spec__", None),
                                       "_initializing", True):
         module = sys.modules["prometheus_client"]
@@ -72,7 +68,11 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 if now != state.PENDING:
                     needed.labels(name).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
-        _failed(exc)
+        global _warned
+        if not _warned:
+            _warned = True
+            state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
+                                       "the patches are not affected")
 
 
 def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, Any, Any]:
@@ -102,10 +102,3 @@ class _AtScrape:
             publish(self.source, self.records)
         return []
 
-
-def _failed(exc: Exception) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
-                                   "the patches are not affected")

@@ -5,14 +5,14 @@ is imported when ``vllm`` is. :func:`activate` registers one wrapt post-import
 hook per patch. A hook fires when vLLM has imported the patch's module (at once
 if it is imported already; a module another thread is still importing is waited
 for). It asks the patch's probe whether the running vLLM needs the patch, and
-only then puts ``patch.replacement`` in front of vLLM's function. A guard is
-judged once the patches it guards are. Each record holds one state, and
-``state`` is the one reading of it.
+only then wraps vLLM's function: its answer goes through ``patch.correction``.
+A guard is judged once the patches it guards are. Each record holds one state,
+and ``state`` is the one reading of it.
 
 The failure policy is :func:`_fail`: say it, and let vLLM run unpatched. In
-strict mode (``DSPARK_HOTFIX_STRICT=1``), and for a guard's finding that vLLM
-would not survive anyway (``Patch.stops``), it raises :class:`HotfixError`
-instead. Elsewhere a failure only sets a record's state, which every reporter shows.
+strict mode (``DSPARK_HOTFIX_STRICT=1``), and for a guard's or a stop's finding
+(what vLLM would not survive anyway), it raises :class:`HotfixError` instead.
+Elsewhere a failure only sets a record's state, which every reporter shows.
 
 Limits: ``importlib.reload`` of a target builds new functions, and wrapt's hooks
 fire once per module, so a reloaded target runs unpatched (as with wrapt
@@ -149,7 +149,7 @@ def _register(activation: Activation) -> None:
             else:
                 record.detail = f"{record.patch.module} was part-way imported by this thread when the shim activated"
         if activation.enabled and _wait_for("prometheus_client"):
-            hook = functools.partial(metrics.on_import, activation.source, activation.records.values())
+            hook = functools.partial(metrics.publish, activation.source, activation.records.values())
             wrapt.register_post_import_hook(hook, "prometheus_client")
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
@@ -267,8 +267,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          level: int = logging.WARNING, cause: BaseException | None = None, refuse: str = "",
-          unpatched: bool = False) -> None:
+          cause: BaseException | None = None, refuse: str = "", unpatched: bool = False) -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
     finding vLLM would not survive, stop it with the same words (and, where
     ``refuse`` names a module, every later import of it too)."""
@@ -277,7 +276,7 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
         if refuse:
             _refuse(refuse, text)
         raise HotfixError(text) from cause
-    log(level, text + ("; vLLM runs unpatched" if unpatched else ""))
+    log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
 
 
 def _refuse(module: str, error: str) -> None:
@@ -308,43 +307,44 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
 
 
 def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's function with the patch's replacement in front of it."""
+    """vLLM's function, its answer passed through the patch's correction (a stop: its check first)."""
     patch = record.patch
 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         record.calls += 1
-        answered, answer, raising = False, None, False
-
-        def vllm(*a: Any, **kw: Any) -> Any:
-            nonlocal answered, answer, raising
-            raising = True
-            answer = original(*a, **kw)
-            raising, answered = False, True
+        if patch.check is not None:
+            _run(activation, record, None, patch.check, *args, **kwargs)
+        answer = original(*args, **kwargs)  # vLLM's own errors pass through as they are
+        if patch.correction is None:
             return answer
-
-        try:
-            result = patch.replacement(vllm, *args, **kwargs)
-        except Exception as exc:
-            if raising:  # vLLM's own error passes through as it is
-                raise
-            if isinstance(exc, Finding):
-                guarded = "".join(f"; {r.patch.name} {r.state} ({r.detail})" for r in
-                                  (activation.records[name] for name in patch.guards))
-                _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=patch.stops,
-                      level=logging.ERROR)
-            elif not record.raised or activation.settings.strict:
-                what = "check" if patch.guards else "correction"
-                record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
-                _report(activation)
-                _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
-                                         f"result is returned ({_remedy(patch)})", cause=exc)
-            return answer if answered else original(*args, **kwargs)
-        if not answered or result is not answer:
+        result = _run(activation, record, answer, patch.correction, answer, *args, **kwargs)
+        if result is not answer:
             record.corrections += 1
         return result
 
     return patched
+
+
+def _run(activation: Activation, record: Record, default: Any, function: Callable[..., Any], *args: Any,
+         **kwargs: Any) -> Any:
+    """The patch's own code under the failure policy: a finding stops vLLM; any other error is
+    said (once, unless strict mode stops vLLM) and ``default``, vLLM's answer, is returned."""
+    patch = record.patch
+    try:
+        return function(*args, **kwargs)
+    except Finding as exc:
+        guarded = "".join(f"; {r.patch.name} {r.state} ({r.detail})" for r in
+                          (activation.records[name] for name in patch.guards))
+        _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=True)
+    except Exception as exc:
+        what = "correction" if function is patch.correction and not patch.guards else "check"
+        if not record.raised or activation.settings.strict:
+            record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
+            _report(activation)
+            _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
+                                     f"result is returned ({_remedy(patch)})", cause=exc)
+    return default
 
 
 def status() -> dict[str, Any]:

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
 sys.path.insert(0, str(REPO))
 
-from tests.cases import ATTENTION, LOAD_GUARD, REMAP, SWA  # noqa: E402  (the patches, by what they do)
+from tests.cases import ATTENTION, REMAP, SWA  # noqa: E402  (the patches, by what they do)
 
 # The engine start, then what the shim did there: each patch's row, with its corrections.
 START = """
@@ -75,7 +75,7 @@ def main() -> int:
     print("     The second bug, and a silent one. The build loads mtp.{i}.* into model.layers.{43+i}.*,")
     print("     which the draft does not have, so its loader skips them without a word.")
     print("     The draft would run on random weights and accept almost nothing; the crash hides it.")
-    print(f"     Where it happens, the {LOAD_GUARD.name} guard logs an ERROR naming the weights.\n")
+    print("     Where the patch is not in place, the shim's line, status and doctor say problem.\n")
     print("Next: in your serving image, with the server's environment, run")
     print("   dspark-hotfix doctor")
     print("Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the launcher:")

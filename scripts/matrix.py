@@ -28,7 +28,7 @@ from dspark_hotfix.patches import ALL  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
 # vLLM's KV-cache grouping, which the hybrid-off stop (a stop that guards nothing) wraps.
-GROUPING = next(p.qualname for p in ALL if p.stops and not p.guards)
+GROUPING = next(p.qualname for p in ALL if p.stops)
 TARGET = ROOT / "docs" / "MATRIX.md"
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
 CPU_LABEL = {"0.25.0-reverted": REVERTED}  # hybrid-off.json's name for it
@@ -53,15 +53,13 @@ def patch_rows() -> list[str]:
     """One row per patch: its kind, what it is and when it goes, from its module's docstring."""
     rows = []
     for patch in ALL:
-        doc = sys.modules[patch.replacement.__module__].__doc__ or ""
+        doc = sys.modules[f"dspark_hotfix.patches.{patch.name}"].__doc__ or ""
         head = doc.partition("\n")[0].removeprefix(f"{patch.name}: ")
         removal = re.search(r"^Removal: (.*?)(?:\n\n|\Z)", doc, re.M | re.S)
         if removal is None:
             raise SystemExit(f"{patch.name}: its module's docstring has no Removal paragraph")
         kind = "guard of " + ", ".join(f"`{g}`" for g in patch.guards) if patch.guards else \
             "stop" if patch.stops else "correction"
-        if patch.guards and patch.stops:
-            kind += "; stops"
         what = re.sub(r"^an? (?:guard|stop), not a correction: ", "", head).rstrip(".")
         rows.append(f"| `{patch.name}` | {kind} | {plain(what)} | `{patch.target}` | {plain(removal[1])} |")
     return rows

@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 from dspark_hotfix.patches import ALL, Patch
 
 PATCHES = tuple(p.name for p in ALL)
-# The stop for vLLM's hybrid-off KV-cache grouping: a stop that guards nothing.
-STOP = next(p for p in ALL if p.stops and not p.guards)
+# The stop for vLLM's hybrid-off KV-cache grouping: it checks before vLLM's function, and corrects nothing.
+STOP = next(p for p in ALL if p.stops)
 GUARDS = tuple(p for p in ALL if p.guards)
-VIEW_GUARD = next(g for g in GUARDS if g.stops)  # a narrow KV view stops vLLM
-LOAD_GUARD = next(g for g in GUARDS if not g.stops)  # a draft left unloaded is logged
+VIEW_GUARD = GUARDS[0]  # the one guard: a narrow KV view stops vLLM
 # The corrections: decided by a probe, they change vLLM's answer.
 CORRECTIONS = tuple(p for p in ALL if p.probe is not None and not p.stops)
 SPECS = tuple(p for p in CORRECTIONS if p.qualname.endswith(".get_kv_cache_spec"))  # the two spec patches
 ATTENTION = next(p for p in SPECS if p.qualname.startswith("DeepseekV4Attention."))
 SWA = next(p for p in SPECS if p.qualname.startswith("DeepseekV4SWACache."))
-REMAP = next(p for p in CORRECTIONS if p.name in LOAD_GUARD.guards)  # the DSpark draft's remap
+REMAP = next(p for p in CORRECTIONS if p.qualname.startswith("DSparkDeepseekV4ForCausalLM."))  # the draft's remap
 
 
 def module_file(patch: Patch) -> str:
@@ -75,7 +74,6 @@ CASES: dict[str, Case] = {
         outputs=(),  # the shim imports its module to judge it, as in a tensor-parallel worker
         released="patched",
     ),
-    "draft_load_coverage": Case(outputs=()),
     "kv_view_guard": Case(released="patched"),
 }
 
@@ -110,8 +108,7 @@ FAULTS = {
     ),
     "draft class renamed": Fault(
         {"*": [("DSparkDeepseekV4ForCausalLM", "DSparkDraftForCausalLM")]},
-        {REMAP.name: "has no class DSparkDeepseekV4ForCausalLM",
-         LOAD_GUARD.name: "has no class DSparkDeepseekV4ForCausalLM"},
+        {REMAP.name: "has no class DSparkDeepseekV4ForCausalLM"},
         {"draft_cls": "DSparkDraftForCausalLM"},
     ),
     "swa method renamed": Fault(

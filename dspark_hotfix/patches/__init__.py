@@ -1,9 +1,10 @@
 """The patches of vLLM, one module each; imported only once vLLM is being imported.
 
-Each module starts with its replacement: a plain function that calls vLLM's own
-function first and passes its answer through a pure correction (or, for a
-guard, a check). The registry (``dspark_hotfix.registry``) wraps vLLM's
-function with it only where the probe says the running vLLM needs it.
+Each module starts with its correction: a plain function that takes what vLLM's
+own function answered and returns what vLLM's caller gets (a guard's: the same,
+checked; a stop has a check, before vLLM's function runs). The registry
+(``dspark_hotfix.registry``) wraps vLLM's function with it only where the probe
+says the running vLLM needs it.
 
 remap_dspark_name
     Target: ``vllm.models.deepseek_v4.nvidia.dspark.DSparkDeepseekV4ForCausalLM._remap_dspark_name``.
@@ -41,12 +42,6 @@ kv_cache_groups (a stop)
     Upstream: vllm-project/vllm#47776.
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 
-draft_load_coverage (guard of remap_dspark_name)
-    Target: ``...DSparkDeepseekV4ForCausalLM.load_weights``.
-    Why: a draft whose weights never loaded runs with random weights, silently.
-    How it decides: applied where ``remap_dspark_name`` is needed.
-    Remove: with ``remap_dspark_name``.
-
 kv_view_guard (guard of the two spec patches and of kv_cache_groups)
     Target: ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``.
     Why: a narrow ``fp8_ds_mla`` view that got through anyway stops with an error
@@ -59,7 +54,6 @@ from __future__ import annotations
 
 from dspark_hotfix.patches import (
     attention_kv_cache_spec,
-    draft_load_coverage,
     kv_cache_groups,
     kv_view_guard,
     remap_dspark_name,
@@ -73,7 +67,6 @@ ALL: tuple[Patch, ...] = (
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
     kv_cache_groups.PATCH,
-    draft_load_coverage.PATCH,
     kv_view_guard.PATCH,
 )
 

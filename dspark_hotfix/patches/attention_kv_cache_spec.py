@@ -30,9 +30,8 @@ from dspark_hotfix.patches.base import Need, Patch
 from dspark_hotfix.patches.fp8_ds_mla import CACHE_DTYPE, fp8_ds_mla_spec, probe_spec, quant_mode, uint8_dtype
 
 
-def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, vllm_config: Any) -> Any:
-    """``DeepseekV4Attention.get_kv_cache_spec``, patched."""
-    spec = vllm_get_kv_cache_spec(self, vllm_config)
+def correction(spec: Any, /, self: Any, vllm_config: Any) -> Any:
+    """What ``DeepseekV4Attention.get_kv_cache_spec`` answered, corrected."""
     return fp8_ds_mla_spec(spec, self.kv_cache_dtype, quant_mode())
 
 
@@ -47,6 +46,6 @@ PATCH = Patch(
     module="vllm.models.deepseek_v4.attention",
     qualname="DeepseekV4Attention.get_kv_cache_spec",
     parameters=("self", "vllm_config"),
-    replacement=get_kv_cache_spec,
+    correction=correction,
     probe=probe,
 )

@@ -1,10 +1,11 @@
-"""What a patch is: a target, a probe that decides, and the replacement.
+"""What a patch is: a target, a probe that decides, and the correction.
 
-A patch module shows its replacement first: a plain function that takes vLLM's
-own function as its first argument (positional-only). It calls vLLM first and passes the answer through a correction,
-a plain function of values. A stop raises its finding before calling vLLM.
-Patches never import the registry: a guard that finds something wrong raises
-:class:`Finding`, and the registry alone decides what that means.
+A patch module shows its correction first: a plain function that takes what
+vLLM's function answered, then vLLM's arguments, and returns the answer vLLM's
+caller gets. A stop has a check instead, called with vLLM's arguments before
+vLLM's function runs. Patches never import the registry: a guard or a stop that
+finds what vLLM would not survive raises :class:`Finding`, and the registry
+alone decides what that means.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Need(NamedTuple):
 
 
 class Finding(Exception):
-    """A guard saw what the patches it guards exist to prevent."""
+    """What vLLM would not survive, seen by a guard or a stop: the registry stops vLLM with it."""
 
 
 @dataclass(frozen=True)
@@ -35,18 +36,24 @@ class Patch:
     module: str
     qualname: str  # "Class.method", or "function" for a module-level one
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
-    replacement: Callable[..., Any]  # replacement(vllm_function, /, *vLLM's arguments)
+    # correction(vllm_answer, /, *vLLM's arguments): the answer to return (a guard's: vLLM's, checked).
+    correction: Callable[..., Any] | None = None
+    # check(*vLLM's arguments), before vLLM's function runs: a stop's.
+    check: Callable[..., Any] | None = None
     # A patch: calls vLLM's function with stand-in objects. None for a guard.
     probe: Callable[[Callable[..., Any]], Need] | None = None
     # A guard: the patches it guards; it is needed where any of them is.
     guards: tuple[str, ...] = ()
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
     absent: str = ""
-    # A finding stops vLLM (it would not survive it anyway); otherwise it is logged as an error.
-    stops: bool = False
     # Judged in every process that judges the other patches: where vLLM never imports its (light)
     # module, the registry does, so that every process kind gives the same verdict.
     everywhere: bool = False
+
+    @property
+    def stops(self) -> bool:
+        """A stop corrects nothing: it only stops vLLM early and clearly where vLLM would crash."""
+        return self.correction is None
 
     @property
     def target(self) -> str:

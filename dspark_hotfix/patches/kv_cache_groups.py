@@ -49,8 +49,8 @@ from dspark_hotfix.patches.fp8_ds_mla import (
 )
 
 
-def get_kv_cache_groups(vllm_get_kv_cache_groups: Callable[..., Any], /, vllm_config: Any, kv_cache_spec: Any) -> Any:
-    """``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``, stopped where it would break DeepSeek-V4."""
+def check(vllm_config: Any, kv_cache_spec: Any) -> None:
+    """Before ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``: stop where it would break DeepSeek-V4."""
     layers = deepseek_v4_layers(kv_cache_spec)
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
         raise Finding(
@@ -62,7 +62,6 @@ def get_kv_cache_groups(vllm_get_kv_cache_groups: Callable[..., Any], /, vllm_co
             "--disable-hybrid-kv-cache-manager); for prefill/decode disaggregation, a KV connector that supports it "
             "(a SupportsHMA one); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
         )
-    return vllm_get_kv_cache_groups(vllm_config, kv_cache_spec)
 
 
 def deepseek_v4_layers(kv_cache_spec: Any) -> list[str]:
@@ -118,9 +117,8 @@ PATCH = Patch(
     module="vllm.v1.core.kv_cache_utils",
     qualname="get_kv_cache_groups",
     parameters=("vllm_config", "kv_cache_spec"),
-    replacement=get_kv_cache_groups,
+    check=check,
     probe=probe,
     absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
-    stops=True,
     everywhere=True,
 )

@@ -22,7 +22,6 @@ Removal: with the spec patches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from dspark_hotfix.patches.base import Finding, Patch
@@ -32,9 +31,8 @@ PARAMETERS = ("attn_groups", "kv_cache_raw_tensors", "cache_dtype", "kernel_bloc
               "kv_cache_config")
 
 
-def _reshape_kv_cache(vllm_reshape_kv_cache: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``, guarded."""
-    views = vllm_reshape_kv_cache(*args, **kwargs)
+def correction(views: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """What ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache`` built, checked (never changed)."""
     arguments = {**dict(zip(PARAMETERS, args, strict=False)), **kwargs}
     narrow = narrow_fp8_ds_mla_views(arguments["attn_groups"], views, arguments["cache_dtype"])
     if narrow:
@@ -67,8 +65,7 @@ PATCH = Patch(
     module="vllm.v1.worker.gpu.attn_utils",
     qualname="_reshape_kv_cache",
     parameters=PARAMETERS,
-    replacement=_reshape_kv_cache,
+    correction=correction,
     guards=("attention_kv_cache_spec", "swa_kv_cache_spec", "kv_cache_groups"),
     absent="the V2 runner no longer builds views by this rule (vLLM 0.29.0 on)",
-    stops=True,
 )

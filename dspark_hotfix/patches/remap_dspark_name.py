@@ -32,9 +32,8 @@ from typing import Any
 from dspark_hotfix.patches.base import Need, Patch
 
 
-def _remap_dspark_name(vllm_remap_dspark_name: Callable[..., Any], /, self: Any, name: str) -> str | None:
-    """``DSparkDeepseekV4ForCausalLM._remap_dspark_name``, patched."""
-    mapped = vllm_remap_dspark_name(self, name)
+def correction(mapped: str | None, /, self: Any, name: str) -> str | None:
+    """What ``DSparkDeepseekV4ForCausalLM._remap_dspark_name`` answered, corrected."""
     return remap_dspark_name(name, mapped, draft_layer_count(self))
 
 
@@ -93,6 +92,6 @@ PATCH = Patch(
     module="vllm.models.deepseek_v4.nvidia.dspark",
     qualname="DSparkDeepseekV4ForCausalLM._remap_dspark_name",
     parameters=("self", "name"),
-    replacement=_remap_dspark_name,
+    correction=correction,
     probe=probe,
 )

@@ -41,9 +41,8 @@ from dspark_hotfix.patches.fp8_ds_mla import (
 )
 
 
-def get_kv_cache_spec(vllm_get_kv_cache_spec: Callable[..., Any], /, self: Any, vllm_config: Any) -> Any:
-    """``DeepseekV4SWACache.get_kv_cache_spec``, patched."""
-    spec = vllm_get_kv_cache_spec(self, vllm_config)
+def correction(spec: Any, /, self: Any, vllm_config: Any) -> Any:
+    """What ``DeepseekV4SWACache.get_kv_cache_spec`` answered, corrected."""
     return fp8_ds_mla_spec(spec, self.cache_config.cache_dtype, quant_mode())
 
 
@@ -68,6 +67,6 @@ PATCH = Patch(
     module="vllm.v1.attention.backends.mla.sparse_swa",
     qualname="DeepseekV4SWACache.get_kv_cache_spec",
     parameters=("self", "vllm_config"),
-    replacement=get_kv_cache_spec,
+    correction=correction,
     probe=probe,
 )

@@ -27,7 +27,7 @@ import pytest
 
 from dspark_hotfix import state
 from dspark_hotfix.patches import ALL
-from tests.cases import ATTENTION, LOAD_GUARD, REMAP, SWA
+from tests.cases import ATTENTION, REMAP, SWA
 from tests.conftest import REPO, STANDIN, clean_env
 
 DOCS = ("README.md", "docs/OPERATORS.md")
@@ -260,6 +260,6 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
     assert {SWA.name, ATTENTION.name} <= set(re.findall(r"\w+_\w+", width[0]))
     assert REMAP.name in weights[0] and "silent" in weights[0]
     assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", changes)) & {p.name for p in ALL} == {
-        SWA.name, ATTENTION.name, REMAP.name, LOAD_GUARD.name}
+        SWA.name, ATTENTION.name, REMAP.name}
     assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
     assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following

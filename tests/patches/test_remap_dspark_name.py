@@ -55,20 +55,15 @@ def test_unknown_draft_size_changes_nothing():
     assert remap_dspark_name("mtp.0.x.weight", "model.layers.43.x.weight", None) == "model.layers.43.x.weight"
 
 
-def test_the_replacement_calls_vllm_first_and_corrects_its_answer():
+def test_the_correction_reads_the_drafts_layers_and_corrects_vllms_answer():
     from types import SimpleNamespace
 
-    from dspark_hotfix.patches.remap_dspark_name import _remap_dspark_name
+    from dspark_hotfix.patches.remap_dspark_name import correction
 
     draft = SimpleNamespace(model=SimpleNamespace(layers=[None] * K))
-    calls = []
-
-    def vllm(self, name):
-        calls.append((self, name))
-        return f"model.layers.{N + 1}.attn.wkv.weight"
-
-    assert _remap_dspark_name(vllm, draft, "mtp.1.attn.wkv.weight") == "model.layers.1.attn.wkv.weight"
-    assert calls == [(draft, "mtp.1.attn.wkv.weight")]
+    shifted = f"model.layers.{N + 1}.attn.wkv.weight"
+    assert correction(shifted, draft, "mtp.1.attn.wkv.weight") == "model.layers.1.attn.wkv.weight"
+    assert correction(shifted, SimpleNamespace(), "mtp.1.attn.wkv.weight") is shifted  # a draft of unknown size
 
 
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
@@ -208,7 +203,7 @@ def test_standin_draft_weights_land_on_the_draft_layers_through_the_correction(s
     remap = vllm_remap(DSparkDeepseekV4ForCausalLM)
     for name in data.draw(st.lists(checkpoint_names(k), min_size=1, max_size=12)):
         mapped = remap(draft, name)  # the reported build's answer
-        fixed = REMAP.replacement(remap, draft, name)  # the patched method
+        fixed = REMAP.correction(mapped, draft, name)  # the patched method's answer
         assert fixed == (defect_answer(name, mapped, k) or mapped)
         src = MTP.fullmatch(name)
         if src and src[2] in LAYER_WEIGHTS and int(src[1]) < k and n + int(src[1]) >= k:
@@ -231,4 +226,4 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     layer_params = {p for p, _ in draft.named_parameters() if p.startswith("model.layers.")}
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
-    assert {REMAP.replacement(remap, draft, name) for name in checkpoint} == layer_params
+    assert {REMAP.correction(remap(draft, name), draft, name) for name in checkpoint} == layer_params

@@ -115,12 +115,12 @@ def test_probe_finds_the_defect_in_the_standin(vllm, patch):
 
 
 @pytest.mark.parametrize("patch", [ATTENTION, SWA], ids=lambda p: p.name)
-def test_the_replacement_calls_vllm_and_returns_the_corrected_spec(vllm, patch):
+def test_the_correction_of_vllms_spec_gives_the_layout(vllm, patch):
     module = __import__(patch.module, fromlist=["_"])
     cls_name, _, method = patch.qualname.partition(".")
     cls = getattr(module, cls_name)
     layer = cls(compress_ratio=4) if cls is vllm.DeepseekV4Attention else cls()
-    fixed = patch.replacement(vars(cls)[method], layer, CONFIG)
+    fixed = patch.correction(vars(cls)[method](layer, CONFIG), layer, CONFIG)
     assert runner_bytes_per_token(fixed) == 584 and fixed.page_size_bytes == 37440
 
 
@@ -260,7 +260,7 @@ def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modu
     method = DeepseekV4SWACache.__dict__["get_kv_cache_spec"]
     method = getattr(method, "__wrapped__", method)
     spec = method(layer, SimpleNamespace())
-    fixed = SWA.replacement(method, layer, SimpleNamespace())
+    fixed = SWA.correction(spec, layer, SimpleNamespace())
     if dtype == CACHE_DTYPE:
         assert runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
     else:

@@ -1,6 +1,6 @@
 """How a patch is wrapped around vLLM's function: the wrapper takes vLLM's arguments as vLLM's function
-does (whatever their names), a replacement that never calls vLLM or raises before it, and a guard's finding
-logged (or, for a guard that stops, raised) worded as the finding."""
+does (whatever their names), calls vLLM once and passes its answer through the correction; a correction or
+check that raises gives vLLM's own answer, and a guard's or a stop's finding stops vLLM worded as the finding."""
 
 from __future__ import annotations
 
@@ -54,10 +54,11 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     namespace: dict = {}
     exec(f"def target({', '.join(parameters)}):\n    return ({', '.join(parameters)},)", namespace)
 
-    def replacement(vllm, /, *args, **kwargs):
-        return (*vllm(*args, **kwargs), "corrected")
+    def correction(answer, /, *args, **kwargs):
+        assert answer == tuple(args) + tuple(kwargs.values())
+        return (*answer, "corrected")
 
-    patch = Patch("echo", "nowhere", "target", parameters, replacement)
+    patch = Patch("echo", "nowhere", "target", parameters, correction)
     wrapper = registry._wrap(registry.Activation("test"), registry.Record(patch), namespace["target"])
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
@@ -83,51 +84,50 @@ def shim_log(monkeypatch):
         log.setLevel(level)
 
 
-def wrapped(replacement, name: str = "t", guards: tuple[str, ...] = (), stops: bool = False):
-    """vLLM's function ``f(x) -> ("vllm", x)`` with ``replacement`` wrapped in front, as the registry wraps it."""
+def wrapped(correction=None, check=None, name: str = "t", guards: tuple[str, ...] = (), calls: list | None = None):
+    """vLLM's function ``f(x) -> ("vllm", x)`` wrapped as the registry wraps it; ``calls`` gets vLLM's calls."""
     from dspark_hotfix import registry
     from dspark_hotfix.patches import Patch
 
-    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), replacement=replacement,
-                  guards=guards, stops=stops)
-    return registry._wrap(registry.Activation("t"), registry.Record(patch), lambda x: ("vllm", x))
+    def vllm(x):
+        (calls if calls is not None else []).append(x)
+        if x == "bad":
+            raise KeyError(x)
+        return ("vllm", x)
+
+    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), correction=correction, check=check,
+                  guards=guards)
+    return registry._wrap(registry.Activation("t"), registry.Record(patch), vllm)
 
 
-def test_a_replacement_that_never_calls_vllm_returns_its_answer(shim_log):
-    assert wrapped(lambda vllm, x: ("shim", x))(1) == ("shim", 1)
+def test_vllms_own_error_passes_through_and_no_correction_runs(shim_log):
+    seen: list = []
+    with pytest.raises(KeyError, match="bad"):
+        wrapped(lambda answer, x: seen.append(answer))("bad")
+    assert seen == [] and shim_log == []
 
 
-def test_a_replacement_that_raises_before_calling_vllm_gives_vllms_answer(shim_log):
-    def broken(vllm, x):
+@pytest.mark.parametrize("kind", ["correction", "check"])
+def test_a_correction_or_check_that_raises_gives_vllms_answer_and_says_so(shim_log, kind):
+    def broken(*args):
         raise ValueError("no layout")
 
-    assert wrapped(broken)(1) == ("vllm", 1)
+    calls: list = []
+    assert wrapped(**{kind: broken}, calls=calls)(1) == ("vllm", 1) and calls == [1]
     (warning,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert warning.startswith("t: correction raised ValueError: no layout"), warning
+    assert warning.startswith(f"t: {kind} raised ValueError: no layout"), warning
 
 
-@pytest.mark.parametrize("when", ["before vLLM answers", "after vLLM answers"], ids=["before", "after"])
-def test_a_guards_finding_is_logged_as_the_finding(shim_log, when):
-    from dspark_hotfix.patches import Finding
-
-    def check(vllm, x):
-        if when == "after vLLM answers":
-            vllm(x)
-        raise Finding("views too narrow")
-
-    assert wrapped(check, guards=(SWA.name,))(1) == ("vllm", 1)
-    (error,) = [r.getMessage() for r in shim_log if r.levelno >= logging.WARNING]
-    assert error.startswith(f"t: views too narrow; {SWA.name} ") and " raised " not in error, error
-
-
-def test_the_view_guards_finding_stops_vllm_worded_as_the_finding(shim_log):
+@pytest.mark.parametrize("kind", ["check", "correction"])
+def test_a_finding_stops_vllm_worded_as_the_finding(shim_log, kind):
+    """A stop's check finds before vLLM's function runs (it never runs); a guard's correction after."""
     from dspark_hotfix.patches import Finding
     from dspark_hotfix.registry import HotfixError
 
-    def check(vllm, x):
-        vllm(x)
+    def finds(*args):
         raise Finding("views too narrow")
 
-    with pytest.raises(HotfixError, match=rf"^{VIEW_GUARD.name}: views too narrow; ") as stopped:
-        wrapped(check, name=VIEW_GUARD.name, guards=(SWA.name,), stops=True)(1)
-    assert " raised " not in str(stopped.value)
+    calls: list = []
+    with pytest.raises(HotfixError, match=rf"^{VIEW_GUARD.name}: views too narrow; {SWA.name} ") as stopped:
+        wrapped(**{kind: finds}, name=VIEW_GUARD.name, guards=(SWA.name,), calls=calls)(1)
+    assert " raised " not in str(stopped.value) and calls == ([] if kind == "check" else [1])

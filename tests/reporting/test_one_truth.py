@@ -218,7 +218,7 @@ def test_an_inconclusive_probe_gives_one_verdict_in_status_and_in_the_commands(t
 
 def test_a_correction_that_raises_reads_raised_in_the_row_the_line_and_the_gauges():
     code = ("import json, prometheus_client, types, vllm\n" + IMPORT_ALL + SCRAPED +
-            f"import dspark_hotfix, {cases.ATTENTION.replacement.__module__} as patch\n"
+            f"import dspark_hotfix, dspark_hotfix.patches.{cases.ATTENTION.name} as patch\n"
             "def drifted(*args):\n    raise ValueError('a spec field this shim does not know')\n"
             "patch.fp8_ds_mla_spec = drifted\n"
             "from vllm.models.deepseek_v4.attention import DeepseekV4Attention as A\n"

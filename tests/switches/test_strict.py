@@ -12,13 +12,12 @@ import sys
 import pytest
 
 from dspark_hotfix import config
-from tests.cases import ATTENTION, CORRECTIONS, FAULTS, LOAD_GUARD, REMAP, SWA
+from tests.cases import ATTENTION, CORRECTIONS, FAULTS, SWA
 from tests.conftest import (
     IMPORT_ALL,
     REPO,
     STANDIN,
     STATUS,
-    WARMUP,
     edited_standin,
     json_lines,
     last_json,
@@ -28,11 +27,6 @@ from tests.patches.faults import (
     driver,
     fault,  # noqa: F401  (the fixture: each fault's edited stand-in)
 )
-
-
-def test_draft_load_guard_stops_the_load_in_strict_mode():
-    proc = run_python(WARMUP, env={"DSPARK_HOTFIX_PATCHES": f"-{REMAP.name}", "DSPARK_HOTFIX_STRICT": "1"})
-    assert f"HotfixError: {LOAD_GUARD.name}: 6 DSpark draft parameters" in last_json(proc.stdout)["error"]
 
 
 def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(broken_standin):

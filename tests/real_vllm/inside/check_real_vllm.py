@@ -151,8 +151,8 @@ def test_real_remap_with_shifted_mapping_is_corrected_to_the_release_answer():
             index, _, rest = real[len("model.layers."):].partition(".")
             shifted = f"model.layers.{43 + int(index)}.{rest}"
         # The patched method, where vLLM answers the release's answer, and where it answers shifted.
-        assert REMAP.replacement(lambda self, n, answer=real: answer, d, name) is real  # the answer is kept
-        assert REMAP.replacement(lambda self, n, answer=shifted: answer, d, name) == real
+        assert REMAP.correction(real, d, name) is real  # the answer is kept
+        assert REMAP.correction(shifted, d, name) == real
         corrected += shifted != real
     assert corrected == 3 * 10
 
@@ -247,9 +247,9 @@ def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
         if expect_error:
             with pytest.raises(Finding, match=r"SlidingWindowMLASpec\(kv_quant_mode=NONE\) viewed at 512 bytes/token: "
                                r"model\.layers\.43\.attn\.swa"):
-                VIEW_GUARD.replacement(reshape, *args)
+                VIEW_GUARD.correction(reshape(*args), *args)
         else:
-            views = VIEW_GUARD.replacement(reshape, *args)
+            views = VIEW_GUARD.correction(reshape(*args), *args)
             assert views["model.layers.43.attn.swa"].shape[-1] == 584
 
 
