@@ -26,12 +26,10 @@ WRAPT_RANGE = f"{WRAPT_OLDEST[0]}.{WRAPT_OLDEST[1]} to {WRAPT_NEWEST_MAJOR}.x"
 __all__ = ["ENABLE", "PATCHES", "STRICT", "Settings", "settings"]
 
 
-def parse_selection(raw: str | None, known: Iterable[str],
-                    guards: Mapping[str, Iterable[str]] | None = None) -> tuple[frozenset[str], str | None]:
+def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:
     """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude.
 
-    Names are case-insensitive. Plain names select exactly those patches, and the
-    guards of those patches (``guards``: a guard's name and the patches it guards).
+    Names are case-insensitive. Plain names select exactly those patches.
     With exclusions only, every other patch stays on. Unknown names are ignored,
     with a warning; if nothing usable is left, every patch stays on (a typo must
     not turn the fix off). A name both selected and excluded is excluded.
@@ -46,18 +44,16 @@ def parse_selection(raw: str | None, known: Iterable[str],
                f"({', '.join(shown(name, 40) for name in unknown[:3])}{', ...' if len(unknown) > 3 else ''}; "
                f"known: {', '.join(names)}; prefix a name with '-' to exclude it)") if unknown else None
     selected = include - exclude if include else set(names) - exclude
-    selected |= {guard for guard, of in (guards or {}).items() if selected & set(of) and guard not in exclude}
     return frozenset(selected), problem
 
 
 class Settings:
     """The switches of this process, with the complaints their values raised."""
 
-    def __init__(self, known: Iterable[str], environ: Mapping[str, str] | None = None,
-                 guards: Mapping[str, Iterable[str]] | None = None) -> None:
+    def __init__(self, known: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
         self.strict = (env.get(STRICT) or "").strip().lower() in TRUE_WORDS
-        self.selected, self.unknown = parse_selection(env.get(PATCHES), known, guards)  # unknown: ignored, warned
+        self.selected, self.unknown = parse_selection(env.get(PATCHES), known)  # unknown: ignored, warned
         self.problems = [p for p in (switch_problem(ENABLE, env.get(ENABLE), "the shim is OFF"),
                                      switch_problem(STRICT, env.get(STRICT), "strict mode is off")) if p]
 
@@ -65,4 +61,4 @@ class Settings:
 @functools.cache
 def settings() -> Settings:
     """This process's switches, read once."""
-    return Settings((p.name for p in ALL), guards={p.name: p.guards for p in ALL if p.guards})
+    return Settings(p.name for p in ALL)

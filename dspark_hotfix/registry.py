@@ -6,12 +6,11 @@ hook per patch. A hook fires when vLLM has imported the patch's module (at once
 if it is imported already; a module another thread is still importing is waited
 for). It asks the patch's probe whether the running vLLM needs the patch, and
 only then wraps vLLM's function: its answer goes through ``patch.correction``.
-A guard is judged once the patches it guards are. Each record holds one state,
-and ``state`` is the one reading of it.
+Each record holds one state, and ``state`` is the one reading of it.
 
 The failure policy is :func:`_fail`: say it, and let vLLM run unpatched. In
-strict mode (``DSPARK_HOTFIX_STRICT=1``), and for a guard's or a stop's finding
-(what vLLM would not survive anyway), it raises :class:`HotfixError` instead.
+strict mode (``DSPARK_HOTFIX_STRICT=1``), and for a stop's finding (what
+vLLM would not survive anyway), it raises :class:`HotfixError` instead.
 Elsewhere a failure only sets a record's state, which every reporter shows.
 
 Limits: ``importlib.reload`` of a target builds new functions, and wrapt's hooks
@@ -187,14 +186,11 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the guards it lets judge, the log line and the gauges.
+    """After a decision: the log line and the gauges.
 
     Then, once every other patch is judged, the registry imports an ``everywhere`` patch's
     module where vLLM did not: a tensor-parallel worker may never import the KV-cache
     grouping. So every process kind gives one verdict."""
-    for guard in activation.records.values():
-        if guard.patch.guards and guard.state == PENDING:
-            _decide(activation, guard, guard.module)
     with _lock:
         line = state.line(activation.records.values()) if activation.enabled else None
         new, activation.said = line != activation.said, line or activation.said
@@ -204,7 +200,7 @@ def _report(activation: Activation) -> None:
     if activation.enabled:
         metrics.publish(activation.source, activation.records.values())
     records = activation.records.values()
-    if activation.done.is_set() and all(r.state != PENDING or r.patch.guards or r.patch.everywhere for r in records):
+    if activation.done.is_set() and all(r.state != PENDING or r.patch.everywhere for r in records):
         for r in records:
             if r.state == PENDING and r.patch.everywhere and r.patch.module not in sys.modules:
                 with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
@@ -212,25 +208,11 @@ def _report(activation: Activation) -> None:
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
-    """Judge ``record``'s patch on ``module``, then settle its one state. A guard is judged once the
-    patches it guards are: not needed where none of them is (its module imported or not), else on its
-    module (where a guarded patch failed too: the guard is there for that)."""
+    """Judge ``record``'s patch on ``module``, then settle its one state."""
     patch, target = record.patch, None
     try:
-        if patch.guards:
-            guarded = [activation.records[name] for name in patch.guards]
-            on = [r.patch.name for r in guarded if r.needed is not False]
-            if any(r.state == PENDING for r in guarded) or (on and module is None):
-                return
-            needed = True if any(r.needed for r in guarded) else None if on else False  # None: one could not tell
-            why = f"needed (guards {', '.join(on)})" if on else \
-                f"not needed (guards {', '.join(patch.guards)}, none needed here)"
-            if on:  # a guard of patches that are not needed never looks at vLLM
-                target = resolve(patch, module)
-        else:
-            target = resolve(patch, module)
-            assert patch.probe is not None
-            needed, why = patch.probe(target[2])
+        target = resolve(patch, module)
+        needed, why = patch.probe(target[2])
         word = PATCHED if needed is not False else NOT_NEEDED
     except Absent as exc:
         needed, why, word = (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED) if patch.absent else \
@@ -334,11 +316,9 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
     try:
         return function(*args, **kwargs)
     except Finding as exc:
-        guarded = "".join(f"; {r.patch.name} {r.state} ({r.detail})" for r in
-                          (activation.records[name] for name in patch.guards))
-        _fail(activation, patch, f"{exc}{guarded}; see `dspark-hotfix doctor`", stop=True)
+        _fail(activation, patch, f"{exc}; see `dspark-hotfix doctor`", stop=True)
     except Exception as exc:
-        what = "correction" if function is patch.correction and not patch.guards else "check"
+        what = "correction" if function is patch.correction else "check"
         if not record.raised or activation.settings.strict:
             record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
             _report(activation)

@@ -21,7 +21,7 @@ from dspark_hotfix import config
 SCHEMA = 2  # of status() and the commands' JSON
 
 # A patch's state in this process.
-PENDING = "pending"  # not judged yet: its module is not imported (a guard: or its patches are not judged)
+PENDING = "pending"  # not judged yet: its module is not imported
 PATCHED = "patched"  # vLLM calls the shim's wrapper
 RAISED = "raised"  # patched, but its correction raised: vLLM's own answer was used at least once
 NOT_NEEDED = "not_needed"  # the running vLLM is right already: left untouched
@@ -55,12 +55,11 @@ class Record:
 
     def __init__(self, patch: Any, state: str = PENDING, detail: str = "") -> None:
         self.patch, self.state = patch, state
-        guards = f" and the patches it guards ({', '.join(patch.guards)})" if patch.guards else ""
-        self.detail = detail or f"waiting for {patch.module}{guards}"
+        self.detail = detail or f"waiting for {patch.module}"
         self.needed: bool | None = None  # once judged; None: the probe could not tell
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
-        self.module: Any = None  # a guard's module, once imported
+        self.module: Any = None  # the target's module, once imported
         self.wrapper: Any = None  # what vLLM's function was replaced with
 
 
@@ -109,13 +108,12 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def verdict(records: list[Record], rows: list[dict[str, Any]], found: list[str]) -> str:
-    """The process word (see VERDICTS). Guards follow the patches they guard."""
+    """The process word (see VERDICTS)."""
     if found:
         return "problem"
-    decisive = [(r.patch, each) for r, each in zip(records, rows, strict=True) if not r.patch.guards]
-    if any(each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None for _, each in decisive):
+    if any(each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None for each in rows):
         return "undecided"
-    patched = [patch for patch, each in decisive if each["state"] == PATCHED]
+    patched = [r.patch for r, each in zip(records, rows, strict=True) if each["state"] == PATCHED]
     if any(not patch.stops for patch in patched):
         return "fixing"
     return "guarding" if patched else "removable"
@@ -134,11 +132,9 @@ def exit_code(report: dict[str, Any]) -> int:
 
 
 def line(records: Iterable[Record]) -> str | None:
-    """The log line's state, or None while it waits: for every patch, and for a guard whose
-    module is imported. It does not wait for a guard whose module this process may never
-    import (the V2 runner's, in an API server)."""
+    """The log line's state, or None while a patch waits for its module."""
     records = list(records)
-    if any(r.state == PENDING and (not r.patch.guards or r.patch.module in sys.modules) for r in records):
+    if any(r.state == PENDING for r in records):
         return None
     judged = judge(records)
     names: dict[str, list[str]] = {state: [] for state in STATES}

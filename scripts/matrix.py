@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from dspark_hotfix.patches import ALL  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
-# vLLM's KV-cache grouping, which the hybrid-off stop (a stop that guards nothing) wraps.
+# vLLM's KV-cache grouping, which the hybrid-off stop wraps.
 GROUPING = next(p.qualname for p in ALL if p.stops)
 TARGET = ROOT / "docs" / "MATRIX.md"
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
@@ -58,9 +58,8 @@ def patch_rows() -> list[str]:
         removal = re.search(r"^Removal: (.*?)(?:\n\n|\Z)", doc, re.M | re.S)
         if removal is None:
             raise SystemExit(f"{patch.name}: its module's docstring has no Removal paragraph")
-        kind = "guard of " + ", ".join(f"`{g}`" for g in patch.guards) if patch.guards else \
-            "stop" if patch.stops else "correction"
-        what = re.sub(r"^an? (?:guard|stop), not a correction: ", "", head).rstrip(".")
+        kind = "stop" if patch.stops else "correction"
+        what = head.removeprefix("a stop, not a correction: ").rstrip(".")
         rows.append(f"| `{patch.name}` | {kind} | {plain(what)} | `{patch.target}` | {plain(removal[1])} |")
     return rows
 
@@ -146,8 +145,8 @@ def render() -> str:
         "## The patches",
         "",
         "From `dspark_hotfix.patches.ALL`, in the order the registry judges them, and each module's docstring",
-        "(its Symptom, Cause, Upstream and Decision are there too). A guard is needed where a patch it guards is;",
-        "a stop ends vLLM early, with the cause, where vLLM would die anyway.",
+        "(its Symptom, Cause, Upstream and Decision are there too). A stop ends vLLM early, with the cause, where",
+        "vLLM would die anyway.",
         "",
         "| patch | kind | what | target | removal |",
         "|---|---|---|---|---|",

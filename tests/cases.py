@@ -6,7 +6,7 @@ patch, and its state on released vLLM. ``FAULTS`` is the stand-in with one edit 
 A new patch adds its row, and its faults.
 
 Everything else the tests need of a patch they read from ``ALL``: the names, the targets, and the roles below,
-each picked by the patch's fields (a stop, a guard, a probe, its target), never by its name.
+each picked by the patch's fields (a stop, a correction, its target), never by its name.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from dspark_hotfix.patches import ALL, Patch
 PATCHES = tuple(p.name for p in ALL)
 # The stop for vLLM's hybrid-off KV-cache grouping: it checks before vLLM's function, and corrects nothing.
 STOP = next(p for p in ALL if p.stops)
-GUARDS = tuple(p for p in ALL if p.guards)
-VIEW_GUARD = GUARDS[0]  # the one guard: a narrow KV view stops vLLM
 # The corrections: decided by a probe, they change vLLM's answer.
-CORRECTIONS = tuple(p for p in ALL if p.probe is not None and not p.stops)
+CORRECTIONS = tuple(p for p in ALL if not p.stops)
 SPECS = tuple(p for p in CORRECTIONS if p.qualname.endswith(".get_kv_cache_spec"))  # the two spec patches
 ATTENTION = next(p for p in SPECS if p.qualname.startswith("DeepseekV4Attention."))
 SWA = next(p for p in SPECS if p.qualname.startswith("DeepseekV4SWACache."))
@@ -74,7 +72,6 @@ CASES: dict[str, Case] = {
         outputs=(),  # the shim imports its module to judge it, as in a tensor-parallel worker
         released="patched",
     ),
-    "kv_view_guard": Case(released="patched"),
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.patches import ALL
-from tests.cases import CASES, PATCHES, SWA, VIEW_GUARD, module_file
+from tests.cases import CASES, PATCHES, SWA, module_file
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -151,9 +151,6 @@ def state_of(line: str) -> str:
 
 # The line of a process that patched everything (the reverted stand-in, every target imported).
 ALL_PATCHED = f"fixing: {len(PATCHES)} patched ({', '.join(PATCHES)})"
-# The line of one that has not imported the V2 runner's module yet: its guard pending, the rest patched.
-RUNNER_PENDING = (f"fixing: {len(PATCHES) - 1} patched ({', '.join(n for n in PATCHES if n != VIEW_GUARD.name)}), "
-                  f"1 pending ({VIEW_GUARD.name} until {RUNNER} is imported)")
 
 
 def json_lines(stdout: str) -> list[object]:

@@ -1,8 +1,8 @@
 """The patches of vLLM, one module each; imported only once vLLM is being imported.
 
 Each module starts with its correction: a plain function that takes what vLLM's
-own function answered and returns what vLLM's caller gets (a guard's: the same,
-checked; a stop has a check, before vLLM's function runs). The registry
+own function answered and returns what vLLM's caller gets (a stop has a check
+instead, before vLLM's function runs). The registry
 (``dspark_hotfix.registry``) wraps vLLM's function with it only where the probe
 says the running vLLM needs it.
 
@@ -41,13 +41,6 @@ kv_cache_groups (a stop)
     stops such an engine at KV-cache grouping with the cause and what helps.
     Upstream: vllm-project/vllm#47776.
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
-
-kv_view_guard (guard of the two spec patches and of kv_cache_groups)
-    Target: ``vllm.v1.worker.gpu.attn_utils._reshape_kv_cache``.
-    Why: a narrow ``fp8_ds_mla`` view that got through anyway stops with an error
-    naming the layers and the patch that did not apply, not FlashMLA's.
-    How it decides: applied where any of them is needed.
-    Remove: with the spec patches.
 """
 
 from __future__ import annotations
@@ -55,19 +48,16 @@ from __future__ import annotations
 from dspark_hotfix.patches import (
     attention_kv_cache_spec,
     kv_cache_groups,
-    kv_view_guard,
     remap_dspark_name,
     swa_kv_cache_spec,
 )
 from dspark_hotfix.patches.base import Finding, Need, Patch
 
-# A guard comes after the patches it guards.
 ALL: tuple[Patch, ...] = (
     remap_dspark_name.PATCH,
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
     kv_cache_groups.PATCH,
-    kv_view_guard.PATCH,
 )
 
 __all__ = ["ALL", "Finding", "Need", "Patch"]

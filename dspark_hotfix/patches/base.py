@@ -3,9 +3,9 @@
 A patch module shows its correction first: a plain function that takes what
 vLLM's function answered, then vLLM's arguments, and returns the answer vLLM's
 caller gets. A stop has a check instead, called with vLLM's arguments before
-vLLM's function runs. Patches never import the registry: a guard or a stop that
-finds what vLLM would not survive raises :class:`Finding`, and the registry
-alone decides what that means.
+vLLM's function runs. Patches never import the registry: a stop that finds what
+vLLM would not survive raises :class:`Finding`, and the registry alone decides
+what that means.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Need(NamedTuple):
 
 
 class Finding(Exception):
-    """What vLLM would not survive, seen by a guard or a stop: the registry stops vLLM with it."""
+    """What vLLM would not survive, seen by a stop: the registry stops vLLM with it."""
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,12 @@ class Patch:
     module: str
     qualname: str  # "Class.method", or "function" for a module-level one
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
-    # correction(vllm_answer, /, *vLLM's arguments): the answer to return (a guard's: vLLM's, checked).
+    # Whether the running vLLM needs the patch: calls vLLM's function with stand-in objects.
+    probe: Callable[[Callable[..., Any]], Need]
+    # correction(vllm_answer, /, *vLLM's arguments): the answer to return.
     correction: Callable[..., Any] | None = None
     # check(*vLLM's arguments), before vLLM's function runs: a stop's.
     check: Callable[..., Any] | None = None
-    # A patch: calls vLLM's function with stand-in objects. None for a guard.
-    probe: Callable[[Callable[..., Any]], Need] | None = None
-    # A guard: the patches it guards; it is needed where any of them is.
-    guards: tuple[str, ...] = ()
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
     absent: str = ""
     # Judged in every process that judges the other patches: where vLLM never imports its (light)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.cases import STOP, VIEW_GUARD
+from tests.cases import STOP, SWA
 from tests.conftest import (
     ALL_PATCHED,
     CHILD_TIMEOUT,
@@ -144,9 +144,9 @@ sys.path.append({str(REPO)!r})
 """
 
 
-def test_plugin_in_a_second_thread_returns_only_once_the_hooks_exist_and_the_runner_it_imports_is_patched():
+def test_plugin_in_a_second_thread_returns_only_once_the_hooks_exist_and_the_module_it_imports_is_patched():
     # The main thread activates (slowed down in its import of wrapt); meanwhile vLLM's plugin loader calls
-    # register() in another thread, which then imports a target's module (the V2 runner's attn_utils)
+    # register() in another thread, which then imports a target's module (the SWA cache's)
     # and uses its target at once: it must find it patched.
     code = LATE + slow_import("wrapt", "MainThread") + """
 import dspark_hotfix, dspark_hotfix.plugin
@@ -155,8 +155,8 @@ seen = {}
 def plugin_loader():
     inside.wait(5)  # the main thread's activation is under way
     dspark_hotfix.plugin.register()
-    from vllm.v1.worker.gpu import attn_utils
-    seen["wrapped"] = hasattr(attn_utils._reshape_kv_cache, "__wrapped__")
+    from vllm.v1.attention.backends.mla import sparse_swa
+    seen["wrapped"] = hasattr(sparse_swa.DeepseekV4SWACache.get_kv_cache_spec, "__wrapped__")
     seen["states"] = {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}
 
 worker = threading.Thread(target=plugin_loader)
@@ -242,7 +242,7 @@ def test_a_fork_during_activation_waits_for_it_and_the_child_inherits_it_whole(h
     assert depth == dict.fromkeys(PATCHES, 1)
 
 
-@pytest.mark.parametrize(("module", "patch"), [(p.module, p.name) for p in (STOP, VIEW_GUARD)])
+@pytest.mark.parametrize(("module", "patch"), [(p.module, p.name) for p in (STOP, SWA)])
 def test_a_module_another_thread_is_part_way_importing_when_the_plugin_registers_is_judged_whole(module, patch):
     # vLLM's plugin loader calls register() while another thread is still executing a target's module:
     # a hook that judged it then found no function and said not_needed; the patch must be judged on the

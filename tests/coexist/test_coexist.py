@@ -42,7 +42,7 @@ pytestmark = pytest.mark.coexist
 VLLM = "0.25.0"
 WRAPT = "wrapt==1.17.3"  # the real-vLLM venv's (tests/real_vllm/venvs.py)
 # On 0.25.0 the upstream fix is in (the spec and remap corrections are not needed); its hybrid-off
-# grouping still loses the layout, which the stop and the view guard cover.
+# grouping still loses the layout, which the stop covers.
 EXPECTED = {name: case.released for name, case in CASES.items()}
 
 

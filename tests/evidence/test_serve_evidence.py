@@ -10,7 +10,7 @@ import pytest
 
 from dspark_hotfix import __version__ as VERSION
 from harness import serve_h200
-from tests.cases import REMAP, SPECS, STOP, VIEW_GUARD, method
+from tests.cases import REMAP, SPECS, STOP, method
 from tests.conftest import REPO as ROOT
 
 EVIDENCE = ROOT / "docs" / "evidence" / "serve-h200.json"
@@ -81,8 +81,8 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
     # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at start-up
     assert all(pids == fixed["logged_processes"] for pids in fixed["with_the_shim"].values())
     assert fixed["activated_by"] == ["vllm-plugin"]
-    assert fixed["at_ready"] == {**{spec.name: 7 for spec in SPECS}, STOP.name: 1, VIEW_GUARD.name: 1, REMAP.name: 0,
-                                 "draft_load_coverage": 0}  # shim 0.5.0's guard, removed since
+    assert fixed["at_ready"] == {**{spec.name: 7 for spec in SPECS}, STOP.name: 1, REMAP.name: 0,
+                                 "kv_view_guard": 1, "draft_load_coverage": 0}  # shim 0.5.0's guards, removed since
     (after,) = fixed["added_after_ready"].values()
     assert after == dict.fromkeys(fixed["logged_processes"], 0) and fixed["serving_calls"] == 0
     # baseline: no shim anywhere (the hook reads the shim, it never starts it)

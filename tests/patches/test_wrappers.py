@@ -1,6 +1,6 @@
 """How a patch is wrapped around vLLM's function: the wrapper takes vLLM's arguments as vLLM's function
 does (whatever their names), calls vLLM once and passes its answer through the correction; a correction or
-check that raises gives vLLM's own answer, and a guard's or a stop's finding stops vLLM worded as the finding."""
+check that raises gives vLLM's own answer, and a finding stops vLLM worded as the finding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from tests.cases import REMAP, SWA, VIEW_GUARD, method
+from tests.cases import REMAP, STOP, method
 from tests.conftest import (
     IMPORT_ALL,
     last_json,
@@ -49,7 +49,7 @@ print(json.dumps({{
                                         ("a", "b", "c")])
 def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parameters):
     from dspark_hotfix import registry
-    from dspark_hotfix.patches import Patch
+    from dspark_hotfix.patches import Need, Patch
 
     namespace: dict = {}
     exec(f"def target({', '.join(parameters)}):\n    return ({', '.join(parameters)},)", namespace)
@@ -58,7 +58,7 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
         assert answer == tuple(args) + tuple(kwargs.values())
         return (*answer, "corrected")
 
-    patch = Patch("echo", "nowhere", "target", parameters, correction)
+    patch = Patch("echo", "nowhere", "target", parameters, probe=lambda function: Need(True, ""), correction=correction)
     wrapper = registry._wrap(registry.Activation("test"), registry.Record(patch), namespace["target"])
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
@@ -84,10 +84,10 @@ def shim_log(monkeypatch):
         log.setLevel(level)
 
 
-def wrapped(correction=None, check=None, name: str = "t", guards: tuple[str, ...] = (), calls: list | None = None):
+def wrapped(correction=None, check=None, name: str = "t", calls: list | None = None):
     """vLLM's function ``f(x) -> ("vllm", x)`` wrapped as the registry wraps it; ``calls`` gets vLLM's calls."""
     from dspark_hotfix import registry
-    from dspark_hotfix.patches import Patch
+    from dspark_hotfix.patches import Need, Patch
 
     def vllm(x):
         (calls if calls is not None else []).append(x)
@@ -95,8 +95,8 @@ def wrapped(correction=None, check=None, name: str = "t", guards: tuple[str, ...
             raise KeyError(x)
         return ("vllm", x)
 
-    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), correction=correction, check=check,
-                  guards=guards)
+    patch = Patch(name=name, module="m", qualname="f", parameters=("x",), probe=lambda function: Need(True, ""),
+                  correction=correction, check=check)
     return registry._wrap(registry.Activation("t"), registry.Record(patch), vllm)
 
 
@@ -120,7 +120,7 @@ def test_a_correction_or_check_that_raises_gives_vllms_answer_and_says_so(shim_l
 
 @pytest.mark.parametrize("kind", ["check", "correction"])
 def test_a_finding_stops_vllm_worded_as_the_finding(shim_log, kind):
-    """A stop's check finds before vLLM's function runs (it never runs); a guard's correction after."""
+    """A stop's check finds before vLLM's function runs (it never runs); a correction after it ran."""
     from dspark_hotfix.patches import Finding
     from dspark_hotfix.registry import HotfixError
 
@@ -128,6 +128,6 @@ def test_a_finding_stops_vllm_worded_as_the_finding(shim_log, kind):
         raise Finding("views too narrow")
 
     calls: list = []
-    with pytest.raises(HotfixError, match=rf"^{VIEW_GUARD.name}: views too narrow; {SWA.name} ") as stopped:
-        wrapped(**{kind: finds}, name=VIEW_GUARD.name, guards=(SWA.name,), calls=calls)(1)
+    with pytest.raises(HotfixError, match=rf"^{STOP.name}: views too narrow; see `dspark-hotfix doctor`$") as stopped:
+        wrapped(**{kind: finds}, name=STOP.name, calls=calls)(1)
     assert " raised " not in str(stopped.value) and calls == ([] if kind == "check" else [1])

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.cases import SPECS, STOP, VIEW_GUARD, method
+from tests.cases import SPECS, STOP, method
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.test_reverted import VERSION as REVERTED_VERSION
 from tests.real_vllm.test_reverted import reverted_copy
@@ -224,11 +224,6 @@ def test_with_the_shim(version, arms):
     if BEHAVIOUR[version] == LOSES_LAYOUT:
         assert_stopped_by_the_shim(result)
         assert status[STOP.name]["state"] == "patched", status[STOP.name]
-        assert status[VIEW_GUARD.name]["state"] == "patched", status[VIEW_GUARD.name]
-        # A merged SWA spec loses kv_quant_mode here too: where it would be viewed at 512, the guard stops it.
-        view_error = result["merge"].get("view_error")
-        assert result["merge"]["view"] is None and view_error and view_error["type"] == HOTFIX_ERROR, result["merge"]
-        assert view_error["message"].startswith(f"{VIEW_GUARD.name}: "), view_error
     else:
         # Left as vLLM leaves it: its own TypeError, word for word.
         assert result["hybrid_off"] == without["hybrid_off"]
@@ -236,8 +231,9 @@ def test_with_the_shim(version, arms):
         assert not result[GROUPING]["wrapped"], result[GROUPING]
         row = status[STOP.name]
         assert row["state"] == "not_needed" and f"kv_cache_utils defines no {GROUPING}" in row["detail"], row
-        assert status[VIEW_GUARD.name]["state"] == "not_needed", status[VIEW_GUARD.name]
-        assert result["merge"] == without["merge"]
+    # A merged SWA spec loses kv_quant_mode in every release; no path measured views it (hybrid-off.md), and
+    # the shim leaves it as vLLM makes it.
+    assert result["merge"] == without["merge"]
 
 
 def test_reverted_vllm_stops_with_the_shim_and_views_512_without(arms):
@@ -256,7 +252,7 @@ def test_reverted_vllm_stops_with_the_shim_and_views_512_without(arms):
     assert bytes_per_token(on, "attn") == {512}, on["layers"]
 
     status = status_of(result)
-    for name in (*(spec.name for spec in SPECS), STOP.name, VIEW_GUARD.name):
+    for name in (*(spec.name for spec in SPECS), STOP.name):
         assert status[name]["state"] == "patched", (name, status[name])
     assert_hybrid_on_views_584(result)  # the spec patches' correction
     assert_stopped_by_the_shim(result)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.real_vllm
 
 INSIDE = Path(__file__).resolve().parent / "inside" / "scrape_metrics.py"
 VERSION = "0.25.0"
-# What 0.25.0 needs (docs/evidence/hybrid-off.md): the hybrid-off stop and its view guard; the rest is fixed.
+# What 0.25.0 needs (docs/evidence/hybrid-off.md): the hybrid-off stop; the rest is fixed.
 DECIDED = {name: case.released for name, case in CASES.items()}
 # An API server's process imports the KV-cache grouping with its engine client, none of the model's modules.
 API_SERVER = {**dict.fromkeys(PATCHES, "pending"), STOP.name: "patched"}

@@ -27,10 +27,7 @@ EVIDENCE = REPO / "docs" / "evidence" / "kv_views.json"
 # rebuilds the sliding-window specs without the fp8_ds_mla layout.
 HYBRID_OFF_LOSES_LAYOUT = {"0.25.0": "1", "0.33.0": "0"}
 # Need the V2 runner's "auto" rule, which releases from 0.29.0 on no longer have.
-RESHAPE = {
-    "test_v2_runner_reshape_gives_512_before_and_584_after_the_correction",
-    "test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec",
-}
+RESHAPE = {"test_v2_runner_reshape_gives_512_before_and_584_after_the_correction"}
 
 
 @pytest.mark.parametrize("version", VERSIONS)

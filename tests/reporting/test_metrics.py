@@ -248,7 +248,7 @@ threading.Thread(target=publishing, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
-    import vllm.v1.worker.gpu.attn_utils  # a decision in the child (the view guard): it publishes
+    import vllm.v1.attention.backends.mla.sparse_swa  # a decision in the child (the SWA patch): it publishes
     from prometheus_client import generate_latest
     info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
     print(json.dumps(info), flush=True)

@@ -31,10 +31,8 @@ from tests.conftest import (
 
 STARTUP = REPO / "dspark_hotfix" / "startup"  # holds only sitecustomize.py
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
-SWA, ATTENTION, VIEW_GUARD = cases.SWA.name, cases.ATTENTION.name, cases.VIEW_GUARD.name
+SWA, ATTENTION = cases.SWA.name, cases.ATTENTION.name
 NO_QUANT_MODE = {"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]}
-RESHAPE_SIGNATURE = {"vllm/v1/worker/gpu/attn_utils.py": [("kv_cache_config=None\n",
-                                                          "kv_cache_config=None, layer_map=None\n")]}
 
 
 def cli(*args: str, path: tuple[Path | str, ...], env: dict[str, str] | None = None):
@@ -119,16 +117,12 @@ def test_a_fixed_vllm_with_the_switch_off_exits_3_in_status_and_doctor(standins)
 WORDS = {state: state for state in ("patched", "not_needed", "excluded", "failed", "pending")}  # the line's words
 
 
-def test_the_summary_line_counts_the_states_that_status_reports(tmp_path):
-    standin = edited_standin(tmp_path / "standin", RESHAPE_SIGNATURE)
-    # vLLM's V2 runner imports attn_utils before the model: the guard is decided before the summary is due.
-    proc = run_python("import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils\n" + IMPORT_ALL + STATUS,
-                      path=(REPO, standin))
+def test_the_summary_line_counts_the_states_that_status_reports(standins):
+    proc = run_python(IMPORT_ALL + STATUS, path=(REPO, standins["changed signature"]))
     rows = last_json(proc.stdout)
-    assert rows[VIEW_GUARD]["state"] == "failed"
+    assert rows[SWA]["state"] == "failed"
     (summary,) = summary_lines(proc.stderr)
-    assert "guards on" not in summary
-    assert "problem: " in summary and f"failed ({VIEW_GUARD})" in summary
+    assert "problem: " in summary and f"failed ({SWA})" in summary
     for state, word in WORDS.items():
         count = sum(row["state"] == state for row in rows.values())
         assert f" {count} {word}" in summary if count else word not in summary, (state, summary)
@@ -161,19 +155,17 @@ def test_doctor_status_and_the_hooks_name_the_same_state_and_exit_alike(standins
         report_of(doctor)["problems"], report_of(status)["problems"])
 
 
-def test_doctor_judges_guards_as_the_hooks_do():
+def test_doctor_judges_excluded_patches_as_the_hooks_do():
     env = {"DSPARK_HOTFIX_PATCHES": ",".join(f"-{p.name}" for p in cases.SPECS)}
     proc = run_python("from dspark_hotfix.cli import main; raise SystemExit(main(['doctor', '--json']))",
                       env=env, check=False)
     report = __import__("json").loads(proc.stdout)
     rows = {p["name"]: p for p in report["patches"]}
     assert proc.returncode == 1
-    # The patches it guards are excluded but needed here: the guard is on, in doctor and in the hooks.
-    assert [rows[guard.name]["needed"] for guard in cases.GUARDS] == [True] * len(cases.GUARDS)
+    assert [rows[spec.name]["needed"] for spec in cases.SPECS] == [True] * len(cases.SPECS)
     assert f"{SWA} is needed but excluded by DSPARK_HOTFIX_PATCHES" in report["problems"]
     hooks = last_json(run_python(IMPORT_ALL + STATUS, env=env).stdout)
     assert {n: r["state"] for n, r in hooks.items()} == {n: r["state"] for n, r in rows.items()}
-    assert hooks[VIEW_GUARD]["state"] == "patched"
 
 
 # Each case below once read two ways in two reporters. Now state.judge is the one reading.

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 from dspark_hotfix import config
-from tests.cases import CORRECTIONS, PATCHES, REMAP, STOP, SWA, VIEW_GUARD, module_file
+from tests.cases import CORRECTIONS, PATCHES, REMAP, STOP, SWA, module_file
 from tests.conftest import (
     ENGINE_CORE_FIRST,
     FIXED,
@@ -24,23 +24,23 @@ from tests.conftest import (
 )
 
 
-def test_selection_patches_only_the_named_patch_and_its_guard():
+def test_selection_patches_only_the_named_patch():
     rows = last_json(run_python(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": SWA.name}).stdout)
-    assert rows[SWA.name]["state"] == rows[VIEW_GUARD.name]["state"] == "patched"
-    assert {rows[n]["state"] for n in PATCHES if n not in (SWA.name, VIEW_GUARD.name)} == {"excluded"}
+    assert rows[SWA.name]["state"] == "patched"
+    assert {rows[n]["state"] for n in PATCHES if n != SWA.name} == {"excluded"}
 
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 
 
-def test_selecting_only_the_hybrid_off_stop_brings_its_guard_and_status_exits_0(tmp_path):
+def test_selecting_only_the_hybrid_off_stop_on_a_release_like_build_exits_0(tmp_path):
     # A build like vLLM 0.25.0: the reported bug fixed, the hybrid-off grouping not.
     released = edited_standin(tmp_path / "standin", {k: v for k, v in FIXED.items() if k != module_file(STOP)})
     proc = run_python("import sys; from dspark_hotfix.cli import main; sys.exit(main(['status', '--json']))",
                       path=(STARTUP, released), env={"DSPARK_HOTFIX_PATCHES": STOP.name}, check=False)
     report = json.loads(proc.stdout)
     assert (proc.returncode, report["verdict"]) == (0, "guarding"), report["problems"]
-    assert {r["name"]: r["state"] for r in report["patches"]}[VIEW_GUARD.name] == "patched"
+    assert {r["name"]: r["state"] for r in report["patches"]}[STOP.name] == "patched"
 
 
 def test_an_unknown_name_is_a_warning_in_status_not_a_problem():
@@ -55,14 +55,11 @@ def test_exclusion_leaves_the_excluded_patch_alone():
     assert rows[SWA.name]["state"] == "patched"
 
 
-def test_a_needed_patch_the_selection_leaves_off_is_warned_about_when_it_is_decided_after_the_first_line():
-    proc = run_python(ENGINE_CORE_FIRST + f"import {RUNNER}\n", env={"DSPARK_HOTFIX_PATCHES": f"-{VIEW_GUARD.name}"})
-    lines = [line.split("] ", 1)[1] for line in proc.stderr.splitlines()]
-    first = next(i for i, line in enumerate(lines) if line.startswith("dspark_hotfix "))
-    assert lines[first].endswith(f"1 pending ({VIEW_GUARD.name} until {RUNNER} is imported)")
-    patched = [name for name in PATCHES if name != VIEW_GUARD.name]
-    assert lines[-1].endswith(f"problem: {len(patched)} patched ({', '.join(patched)}), "
-                              f"1 excluded ({VIEW_GUARD.name})")
+def test_a_needed_patch_the_selection_leaves_off_makes_the_line_a_problem():
+    proc = run_python(ENGINE_CORE_FIRST + f"import {RUNNER}\n", env={"DSPARK_HOTFIX_PATCHES": f"-{SWA.name}"})
+    (line,) = [line.split("] ", 1)[1] for line in proc.stderr.splitlines() if "dspark_hotfix " in line]
+    patched = [name for name in PATCHES if name != SWA.name]
+    assert line.endswith(f"problem: {len(patched)} patched ({', '.join(patched)}), 1 excluded ({SWA.name})"), line
 
 
 ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
@@ -85,7 +82,7 @@ def test_two_thousand_unknown_patch_names_give_one_short_warning():
 
 
 def test_a_name_both_selected_and_excluded_gives_one_warning():
-    proc = child(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": "kv-view-guard,-kv-view-guard"})
+    proc = child(IMPORT_ALL + STATUS, env={"DSPARK_HOTFIX_PATCHES": "kv-cache-groups,-kv-cache-groups"})
     assert proc.returncode == 0, proc.stderr
     assert len(warning_lines(proc.stderr)) == 1, proc.stderr
 
@@ -123,7 +120,7 @@ def test_empty_selection_means_all():
 
 
 def test_thousands_of_unknown_names_give_one_short_warning():
-    raw = ",".join(f"name{i}" for i in range(2000)) + ",kv-view-guard,-kv-view-guard"
+    raw = ",".join(f"name{i}" for i in range(2000)) + ",kv-cache-groups,-kv-cache-groups"
     selected, problem = config.parse_selection(raw, NAMES)
     assert selected == frozenset(NAMES) and problem is not None
     assert problem.startswith("DSPARK_HOTFIX_PATCHES: 2001 unknown names ignored ('name0', 'name1', 'name2', ...;")

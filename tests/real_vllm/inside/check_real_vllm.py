@@ -20,7 +20,7 @@ import torch
 
 import dspark_hotfix
 from dspark_hotfix.patches.fp8_ds_mla import fp8_ds_mla_spec, runner_bytes_per_token
-from tests.cases import CASES, CORRECTIONS, GUARDS, REMAP, SWA, VIEW_GUARD, method
+from tests.cases import CASES, CORRECTIONS, REMAP, STOP, SWA, method
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -33,11 +33,8 @@ FP8 = get_kv_quant_mode("fp8_ds_mla")
 # The corrections: each a method of one of vLLM's classes.
 TARGETS = {p.name: (getattr(importlib.import_module(p.module), p.qualname.split(".")[0]), method(p))
            for p in CORRECTIONS}
-# Decided by the patches they guard: never looked at where those are not needed.
-GUARD_NAMES = tuple(g.name for g in GUARDS)
 # What the release needs, from the measured matrix (docs/evidence/hybrid-off.md), passed in by the outer
-# test: where vLLM's hybrid-off grouping loses the layout, what tests/cases.py says 0.25.0 needs (the stop
-# and the view guard).
+# test: where vLLM's hybrid-off grouping loses the layout, what tests/cases.py says 0.25.0 needs (the stop).
 NEEDED = ({name for name, case in CASES.items() if case.released == "patched"}
           if os.environ.get("HYBRID_OFF_LOSES_LAYOUT") == "1" else set())
 
@@ -54,21 +51,11 @@ def test_shim_is_active_through_pythonpath():
     assert dspark_hotfix.status()["activated_by"] == "sitecustomize"
 
 
-@pytest.mark.parametrize("name", GUARD_NAMES)
-def test_guards_are_applied_only_where_the_release_needs_them(name):
-    patch = next(p for p in GUARDS if p.name == name)
-    module = importlib.import_module(patch.module)
-    from dspark_hotfix.registry import resolve
-
-    row = rows()[name]
-    assert row["state"] == expected_state(name), row
-    try:
-        owner, attribute, _ = resolve(patch, module)
-        function = vars(owner)[attribute]  # what vLLM calls
-    except Exception:  # the runner's function is gone in this release: nothing to leave untouched
-        assert name == VIEW_GUARD.name
-        return
-    assert inspect.isfunction(function) and hasattr(function, "__wrapped__") == (name in NEEDED)
+def test_the_stop_is_applied_only_where_the_release_needs_it():
+    function = getattr(importlib.import_module(STOP.module), STOP.qualname, None)  # gone in 0.33.0
+    row = rows()[STOP.name]
+    assert row["state"] == expected_state(STOP.name), row
+    assert hasattr(function, "__wrapped__") == (STOP.name in NEEDED)
 
 
 @pytest.mark.parametrize("name", TARGETS)
@@ -161,7 +148,6 @@ def _reshape_kv_cache():
     from vllm.v1.worker.gpu import attn_utils
 
     fn = getattr(attn_utils, "_reshape_kv_cache", None)
-    fn = getattr(fn, "__wrapped__", fn)  # vLLM's own, where the view guard is applied
     if fn is None or "auto" not in inspect.getsource(fn):
         pytest.skip("this release's V2 runner no longer views NONE-mode specs as 'auto' (gone in 0.29.0)")
     return fn
@@ -228,29 +214,6 @@ def test_doctor_on_real_vllm_says_what_this_release_needs(tmp_path):
     assert report["verdict"] == ("guarding" if NEEDED else "removable") and report["sitecustomize"]["ours"]
     assert {p["name"]: p["state"] for p in report["patches"]} == {
         p["name"]: expected_state(p["name"]) for p in report["patches"]}
-
-
-def test_view_guard_names_the_layer_on_real_reshape_of_a_prefix_spec():
-    reshape = _reshape_kv_cache()
-    from types import SimpleNamespace
-
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
-
-    from dspark_hotfix.patches import Finding
-
-    fixed = fixed_specs()["swa"]
-    for spec, expect_error in ((pre_fix(fixed, "no_quant_mode"), True), (fixed, False)):
-        group = SimpleNamespace(kv_cache_group_id=0, kv_cache_spec=spec, layer_names=["model.layers.43.attn.swa"],
-                                backend=DeepseekSparseSWABackend)
-        args = ([group], {"model.layers.43.attn.swa": torch.zeros(4 * spec.page_size_bytes, dtype=torch.int8)},
-                "fp8_ds_mla", [64], {})
-        if expect_error:
-            with pytest.raises(Finding, match=r"SlidingWindowMLASpec\(kv_quant_mode=NONE\) viewed at 512 bytes/token: "
-                               r"model\.layers\.43\.attn\.swa"):
-                VIEW_GUARD.correction(reshape(*args), *args)
-        else:
-            views = VIEW_GUARD.correction(reshape(*args), *args)
-            assert views["model.layers.43.attn.swa"].shape[-1] == 584
 
 
 def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():

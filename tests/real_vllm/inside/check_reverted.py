@@ -22,19 +22,18 @@ import pytest
 import torch
 
 import dspark_hotfix
-from tests.cases import CORRECTIONS, GUARDS, REMAP, SPECS, VIEW_GUARD
+from tests.cases import CORRECTIONS, REMAP, SPECS
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-import grid  # noqa: E402
 import revert  # noqa: E402
 import runner_answers  # noqa: E402
 
 COPY = Path(os.environ["REVERTED_VLLM"]).resolve()
 N, K = runner_answers.TARGET_LAYERS, runner_answers.DRAFT_LAYERS
-# What the revert brings back: the corrections are needed, and the guards with them.
-NEEDED = tuple(p.name for p in (*CORRECTIONS, *GUARDS))
+# What the revert brings back: the corrections are needed.
+NEEDED = tuple(p.name for p in CORRECTIONS)
 LAYER_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 
 
@@ -60,9 +59,8 @@ def _start() -> dict[str, subprocess.Popen[str]]:
 STARTED = _start()
 # vLLM's target modules, imported as a server imports them: the shim's hooks run here.
 import vllm.models.deepseek_v4.attention  # noqa: E402
-import vllm.models.deepseek_v4.nvidia.dspark  # noqa: E402, F401
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache  # noqa: E402
-from vllm.v1.worker.gpu import attn_utils  # noqa: E402
+import vllm.models.deepseek_v4.nvidia.dspark  # noqa: E402
+import vllm.v1.attention.backends.mla.sparse_swa  # noqa: E402, F401
 
 
 def status() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -152,7 +150,7 @@ def vllm_function(patch: Any) -> Any:
 
 def test_every_patch_is_installed_and_says_needed():
     fields, rows = status()
-    wrapped = {p.name: vllm_function(p) for p in (*CORRECTIONS, *GUARDS)}
+    wrapped = {p.name: vllm_function(p) for p in CORRECTIONS}
     assert {name for name, function in wrapped.items() if hasattr(function, "__wrapped__")} == set(wrapped)
     assert fields["activated_by"] == "sitecustomize"
     for name in NEEDED:
@@ -196,21 +194,6 @@ def test_corrections_are_counted():
         assert after[spec.name] == before[spec.name] + 1, spec.name
     assert after[REMAP.name] == before[REMAP.name] + K * 10
     assert all(after[p.name] > 0 for p in CORRECTIONS), after
-
-
-def test_view_guard_wraps_the_real_reshape_and_stops_a_narrow_view():
-    reshape = attn_utils._reshape_kv_cache
-    assert hasattr(reshape, "__wrapped__"), f"{VIEW_GUARD.name} did not wrap _reshape_kv_cache"
-    for kind, spec in grid.fp8_specs().items():
-        assert grid.runner_view(reshape, kind, spec)["bytes_per_token"] == 584
-    # vLLM's own (reverted) spec method, behind the shim's wrapper, gives the narrow spec.
-    narrow = DeepseekV4SWACache.__dict__["get_kv_cache_spec"].__wrapped__(
-        grid.swa_layer(64, "fp8_ds_mla"), grid.config(256, "fp8_ds_mla")
-    )
-    assert grid.runner_view(reshape.__wrapped__, "swa", narrow)["bytes_per_token"] == 512
-    with pytest.raises(Exception, match=VIEW_GUARD.name) as stopped:
-        grid.runner_view(reshape, "swa", narrow, layer="model.layers.43.attn.swa")
-    assert "model.layers.43.attn.swa" in str(stopped.value) and "512 bytes/token" in str(stopped.value)
 
 
 def test_doctor_says_the_fix_is_active_where_needed(subprocesses):
