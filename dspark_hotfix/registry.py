@@ -142,6 +142,7 @@ def _register(activation: Activation) -> None:
     try:
         import wrapt
 
+        _copyable(wrapt.importer)
         for record in activation.records.values():
             if _wait_for(record.patch.module):
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
@@ -158,6 +159,22 @@ def _register(activation: Activation) -> None:
             _set_state(activation, record, FAILED, None, why)
         _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
                                 f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
+
+
+def _copyable(importer: Any) -> None:
+    """Let the specs wrapt's importer hands out copy and pickle, as those of the shim's own loader do.
+
+    Until a hook's module is imported (a vLLM module, ``prometheus_client``), ``importlib.util.find_spec``
+    gives it wrapt's ``_ImportHookChainedLoader``: an ``ObjectProxy``, whose ``__copy__``, ``__deepcopy__``
+    and ``__reduce__`` (wrapt 1.x: ``__reduce_ex__`` too) raise ``NotImplementedError``. Availability checks
+    copy and pickle specs: the defect :class:`dspark_hotfix.ActivatingLoader` is built to avoid. So a copy
+    or a pickle of that proxy is one of the loader it wraps (loading through a copy fires no hook, as
+    through any spec found before the hooks); the proxy itself loads, and fires the hooks, as before. A
+    wrapt without that class, or that refuses the change, is left as it is."""
+    with contextlib.suppress(Exception):
+        chained = importer._ImportHookChainedLoader
+        chained.__copy__ = chained.__deepcopy__ = None  # then copy reduces it, as pickle does
+        chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
 
 
 def _initializing(name: str) -> bool:

@@ -8,7 +8,7 @@ The coexistence tier (tests/coexist) runs the real tools on real vLLM.
 
 from __future__ import annotations
 
-from tests.conftest import IMPORT_ALL, PATCHES, STATUS, last_json, run_python, summary_lines
+from tests.conftest import IMPORT_ALL, PATCHES, RUNNER, STATUS, last_json, run_python, summary_lines
 
 ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
@@ -64,6 +64,22 @@ print(json.dumps([type(spec.loader).__name__] + [
     (c.loader if hasattr(c, "loader") else c).get_filename("vllm") == spec.origin for c in copies]))
 """ + IMPORT_ALL + STATUS)
     assert proc.stdout.splitlines()[0] == '["ActivatingLoader", true, true, true, true]', proc.stderr
+    assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
+
+
+def test_the_spec_of_a_hooked_module_found_before_its_import_copies_deepcopies_and_pickles():
+    # Once vLLM is imported, wrapt's finder gives each hook target not imported yet (here the V2 runner's
+    # module, and prometheus_client) its own proxy loader: copies of those specs too, then the imports.
+    proc = run_python(f"""
+import copy, importlib.util, json, pickle, vllm
+for spec in [importlib.util.find_spec("{RUNNER}"), importlib.util.find_spec("prometheus_client")]:
+    copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
+    print(json.dumps([type(spec.loader).__name__] + [
+        (c.loader if hasattr(c, "loader") else c).get_filename(spec.name) == spec.origin for c in copies]))
+""" + IMPORT_ALL + "import prometheus_client\nprint(b'dspark_hotfix_info{' in prometheus_client.generate_latest())\n"
+        + STATUS)
+    copied = '["_ImportHookChainedLoader", true, true, true, true]'
+    assert proc.stdout.splitlines()[:3] == [copied, copied, "True"], proc.stderr  # prometheus_client hooked
     assert states(proc.stdout) == ALL_INSTALLED, proc.stderr
 
 

@@ -3,6 +3,7 @@
 For each release a cached venv gets ``vllm==X`` (tests/real_vllm/venvs.py), and
 ``inside/check_real_vllm.py`` runs there under that venv's pytest with the
 shim activated the way an operator does it: the repository on ``PYTHONPATH``.
+Beside it, a short script there copies and pickles the specs wrapt's hooks hand out.
 This tier never skips: if PyPI cannot be reached, it fails and says so.
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env
+from tests.cases import CASES
+from tests.conftest import REPO, RUNNER, clean_env
 from tests.real_vllm.venvs import VERSIONS, ensure_venv
 
 pytestmark = pytest.mark.real_vllm
@@ -62,3 +64,35 @@ def test_shim_on_real_vllm(version, tmp_path):
         assert committed["views"] == recorded["views"], "docs/evidence/kv_views.json is stale"
     else:
         assert skipped <= RESHAPE, skipped
+
+
+# Once vLLM is imported, the spec of a module the shim still waits for (find_spec imports the parent
+# package, which imports the other targets) has wrapt's proxy loader: it copies, deep-copies and pickles.
+SPECS = """
+import copy, importlib, importlib.util, json, pickle, sys
+import vllm, dspark_hotfix
+from dspark_hotfix.patches import ALL
+for name in ["prometheus_client", *dict.fromkeys(p.module for p in ALL)]:
+    if "." in name:
+        importlib.import_module(name.rpartition(".")[0])
+    if name not in sys.modules:
+        spec = importlib.util.find_spec(name)
+        copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
+        print(json.dumps([name, type(spec.loader).__name__] + [
+            (c.loader if hasattr(c, "loader") else c).get_filename(name) == spec.origin for c in copies]))
+        importlib.import_module(name)
+print(json.dumps({r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}))
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(version):
+    python, _ = ensure_venv(version)  # wrapt 1.17.3 on 0.25.0, the newest 2.x on 0.33.0
+    proc = subprocess.run([str(python), "-c", SPECS], env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    *rows, states = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith(("[", "{"))]
+    assert rows == [[name, "_ImportHookChainedLoader", True, True, True, True]
+                    for name in ("prometheus_client", RUNNER)], proc.stderr[-3000:]
+    loses = HYBRID_OFF_LOSES_LAYOUT[version] == "1"
+    assert states == {name: case.released if loses else "not_needed" for name, case in CASES.items()}
