@@ -8,7 +8,8 @@ The coexistence tier (tests/coexist) runs the real tools on real vLLM.
 
 from __future__ import annotations
 
-from tests.conftest import IMPORT_ALL, PATCHES, RUNNER, STATUS, last_json, run_python, summary_lines
+from tests.cases import SWA
+from tests.conftest import IMPORT_ALL, PATCHES, STATUS, last_json, run_python, summary_lines
 
 ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
@@ -68,11 +69,11 @@ print(json.dumps([type(spec.loader).__name__] + [
 
 
 def test_the_spec_of_a_hooked_module_found_before_its_import_copies_deepcopies_and_pickles():
-    # Once vLLM is imported, wrapt's finder gives each hook target not imported yet (here the V2 runner's
+    # Once vLLM is imported, wrapt's finder gives each hook target not imported yet (here the SWA cache's
     # module, and prometheus_client) its own proxy loader: copies of those specs too, then the imports.
     proc = run_python(f"""
 import copy, importlib.util, json, pickle, vllm
-for spec in [importlib.util.find_spec("{RUNNER}"), importlib.util.find_spec("prometheus_client")]:
+for spec in [importlib.util.find_spec("{SWA.module}"), importlib.util.find_spec("prometheus_client")]:
     copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
     print(json.dumps([type(spec.loader).__name__] + [
         (c.loader if hasattr(c, "loader") else c).get_filename(spec.name) == spec.origin for c in copies]))

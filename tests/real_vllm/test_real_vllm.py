@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.cases import CASES
-from tests.conftest import REPO, RUNNER, clean_env
+from tests.conftest import REPO, clean_env
 from tests.real_vllm.venvs import VERSIONS, ensure_venv
 
 pytestmark = pytest.mark.real_vllm
@@ -92,7 +92,7 @@ def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(versi
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     *rows, states = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith(("[", "{"))]
-    assert rows == [[name, "_ImportHookChainedLoader", True, True, True, True]
-                    for name in ("prometheus_client", RUNNER)], proc.stderr[-3000:]
+    # Importing each target's package imports every target on these releases: prometheus_client is left.
+    assert rows == [["prometheus_client", "_ImportHookChainedLoader", True, True, True, True]], proc.stderr[-3000:]
     loses = HYBRID_OFF_LOSES_LAYOUT[version] == "1"
     assert states == {name: case.released if loses else "not_needed" for name, case in CASES.items()}
