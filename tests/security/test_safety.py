@@ -186,7 +186,7 @@ def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
     assert {r["state"] for r in rows.values()} == {"not_needed"}
     assert warning_lines(on.stderr) == []
     (summary,) = summary_lines(on.stderr)
-    assert summary.endswith(f" via sitecustomize: removable: {len(ALL)} not_needed")
+    assert summary.endswith(f" via sitecustomize: removable: {len(PATCHES)} not_needed")
 
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}
