@@ -175,11 +175,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from dspark_hotfix import doctor
 
     report = doctor.report("status")
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"activated by  {report['activated_by'] or 'nothing'} (pid {report['pid']})")
-        print(doctor.render_state(report))
+    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
     return int(report["exit_code"])
 
 
