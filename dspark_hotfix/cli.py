@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -98,11 +99,8 @@ def interpreter_options(args: list[str]) -> list[str]:
 NOT_CHAINING = ("opentelemetry-instrument",)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        print("dspark-hotfix run: give the command to run, e.g. dspark-hotfix run -- vllm serve ...", file=sys.stderr)
-        return 2
+def run(command: list[str]) -> int:
+    """Exec ``command`` with our start-up directory first on PYTHONPATH, where the shim will be active in it."""
     path = shutil.which(command[0])
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
@@ -115,9 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
-    if python is None:
-        checked = f"cannot tell whether {command[0]} starts Python with the shim: nothing checked"
-    else:
+    checked = f"cannot tell whether {command[0]} starts Python with the shim: nothing checked"
+    if python is not None:
         # Asked of the command's own interpreter with its own options: the shim is
         # active there only if interpreter start imported it.
         proc = subprocess.run([*python, "-c", STARTED], env=env, stdin=subprocess.DEVNULL, capture_output=True,
@@ -136,8 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.execve(path, command, env)
     except OSError as exc:
         print(f"dspark-hotfix run: cannot run {command[0]}: {exc}", file=sys.stderr)
-        return 126
-    return 126  # not reached
+    return 126
 
 
 CANNOT_IMPORT = 4  # STARTED's exit status where the interpreter cannot import the shim or wrapt
@@ -171,51 +167,42 @@ def install_hint(python: str) -> str:
             f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl")
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def show(command: str, as_json: bool) -> int:
+    """``status`` or ``doctor``: the report, as text or one JSON object; its exit code."""
     from dspark_hotfix import doctor
 
-    report = doctor.report("status")
-    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
+    report = doctor.diagnose() if command == "doctor" else doctor.report("status")
+    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
+    print(json.dumps(report, indent=2) if as_json else doctor.render(report))
     return int(report["exit_code"])
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from dspark_hotfix import doctor
-
-    report = doctor.diagnose()
-    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
-    return int(report["exit_code"])
-
-
-def cmd_path(args: argparse.Namespace) -> int:
-    print(startup_dir())
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    plain = argparse.RawDescriptionHelpFormatter  # the epilog as written
     parser = argparse.ArgumentParser(
         prog="dspark-hotfix",
         description="In-place hotfix for vLLM builds whose DeepSeek-V4 DSpark speculative decoding crashes.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=plain,
     )
     parser.add_argument("--version", action="version", version=f"dspark-hotfix {dspark_hotfix.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)")
-    p.set_defaults(func=cmd_path)
-    p = sub.add_parser("run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ...",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
-    p.set_defaults(func=cmd_run)
-    p = sub.add_parser("status", help="import vLLM's target modules here and show what the hotfix does to them",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("doctor", help="will the fix be active where it is needed? (see exit status)",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
-    p.set_defaults(func=cmd_doctor)
+    sub = parser.add_subparsers(dest="name", required=True)
+    command = functools.partial(sub.add_parser, epilog=EPILOG, formatter_class=plain)
+    command("path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)")
+    launcher = command("run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ...")
+    launcher.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
+    for name, text in (("status", "import vLLM's target modules here and show what the hotfix does to them"),
+                       ("doctor", "will the fix be active where it is needed? (see exit status)")):
+        checker = command(name, help=text)
+        checker.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
     args = parser.parse_args(argv)
-    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
-    return int(args.func(args))
+    if args.name == "path":
+        print(startup_dir())
+        return 0
+    if args.name == "run":
+        words = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not words:
+            launcher.error("give the command to run, e.g. dspark-hotfix run -- vllm serve ...")
+        return run(words)
+    return show(args.name, args.json)
