@@ -30,41 +30,30 @@ def startup_dir() -> str:
 
 
 def safe_pythonpath(current: str | None) -> str:
-    """Our start-up directory first, then the absolute entries of ``current``: an
-    empty or relative entry would put the working directory on sys.path, and one
-    whose sitecustomize.py is ours (a link to it) would boot the shim twice."""
-    ours = startup_dir()
-    mine = os.path.realpath(os.path.join(ours, "sitecustomize.py"))
-    kept = [e for e in (current or "").split(os.pathsep)
-            if e and os.path.isabs(e) and os.path.realpath(os.path.join(e, "sitecustomize.py")) != mine]
-    return os.pathsep.join([ours, *dict.fromkeys(kept)])
+    """Our start-up directory first, then the absolute entries of ``current``: an empty
+    or relative entry would put the working directory on sys.path. An alias of ours
+    there (a link to it) boots nothing twice: chain() takes it off sys.path."""
+    kept = [e for e in (current or "").split(os.pathsep) if os.path.isabs(e)]
+    return os.pathsep.join(dict.fromkeys([startup_dir(), *kept]))
 
 
 def interpreter_of(path: str, args: list[str]) -> list[str] | None:
-    """The Python that the program at ``path`` runs, with the interpreter options
-    it gets (from ``args`` for a ``python`` command, from the ``#!`` line for a
-    script): ``-I``, ``-E`` or ``-S`` there keep the shim out."""
+    """The Python that the program at ``path`` runs, with the interpreter options it gets
+    (from ``args`` for a ``python`` command, from the ``#!`` line for a script, where
+    ``#!/usr/bin/env python3`` is read too, but not env's own options): ``-I``, ``-E`` or
+    ``-S`` there keep the shim out. None where it is no Python that this can tell."""
     if os.path.basename(path).startswith("python"):
-        words = [path, *args]
-    else:
-        try:
-            with open(path, "rb") as script:
-                first = script.readline(512).decode(errors="replace")
-        except OSError:
-            return None
-        if not first.startswith("#!") or "python" not in first:
-            return None
-        words = first[2:].split()
-        if os.path.basename(words[0]) == "env":  # env's own options (-S splits the rest) come first
-            rest = [w for w in words[1:]]
-            while rest and rest[0].startswith("-"):
-                if rest[0] in ("-i", "--ignore-environment"):  # PYTHONPATH is gone: nothing to check
-                    return None
-                rest = rest[1:]
-            found = shutil.which(rest[0]) if rest else None
-            if found is None:
-                return None
-            words = [found, *rest[1:]]
+        return [path, *interpreter_options(args)]
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(512).decode(errors="replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if len(words) > 1 and os.path.basename(words[0]) == "env":  # `env python3`; an option of env's is no command
+        words = [shutil.which(words[1]) or "", *words[2:]]
+    if not words or "python" not in os.path.basename(words[0]):
+        return None
     return [words[0], *interpreter_options(words[1:])]
 
 
@@ -121,9 +110,10 @@ def run(command: list[str]) -> int:
                               text=True)
         if proc.returncode != 0:
             why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
-            hint = f"; {install_hint(python[0])}" if proc.returncode == CANNOT_IMPORT else ""
+            wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"  # no index carries it: no bare name
+            hint = f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
             print(f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
-                  f"{command[0]}): {why}{hint}", file=sys.stderr)
+                  f"{command[0]}): {why}{hint if proc.returncode == CANNOT_IMPORT else ''}", file=sys.stderr)
             return 1
         checked = f"{' '.join(python)} starts it"
     off = "" if dspark_hotfix.enabled() else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
@@ -155,16 +145,6 @@ except ImportError as exc:
 if not started:
     stop(1, "interpreter start did not import dspark_hotfix: a sitecustomize ahead of ours")
 """
-
-
-def install_hint(python: str) -> str:
-    """How to install the shim into ``python``: from this checkout where it is one,
-    else from a wheel built in one (no index carries the project: never a bare name)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "setup.cfg")):
-        return f"install it there: {python} -m pip install {root}"
-    return (f"install it there from the wheel you built: {python} -m pip install "
-            f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl")
 
 
 def show(command: str, as_json: bool) -> int:
