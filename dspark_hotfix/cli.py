@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -29,41 +30,30 @@ def startup_dir() -> str:
 
 
 def safe_pythonpath(current: str | None) -> str:
-    """Our start-up directory first, then the absolute entries of ``current``: an
-    empty or relative entry would put the working directory on sys.path, and one
-    whose sitecustomize.py is ours (a link to it) would boot the shim twice."""
-    ours = startup_dir()
-    mine = os.path.realpath(os.path.join(ours, "sitecustomize.py"))
-    kept = [e for e in (current or "").split(os.pathsep)
-            if e and os.path.isabs(e) and os.path.realpath(os.path.join(e, "sitecustomize.py")) != mine]
-    return os.pathsep.join([ours, *dict.fromkeys(kept)])
+    """Our start-up directory first, then the absolute entries of ``current``: an empty
+    or relative entry would put the working directory on sys.path. An alias of ours
+    there (a link to it) boots nothing twice: chain() takes it off sys.path."""
+    kept = [e for e in (current or "").split(os.pathsep) if os.path.isabs(e)]
+    return os.pathsep.join(dict.fromkeys([startup_dir(), *kept]))
 
 
 def interpreter_of(path: str, args: list[str]) -> list[str] | None:
-    """The Python that the program at ``path`` runs, with the interpreter options
-    it gets (from ``args`` for a ``python`` command, from the ``#!`` line for a
-    script): ``-I``, ``-E`` or ``-S`` there keep the shim out."""
+    """The Python that the program at ``path`` runs, with the interpreter options it gets
+    (from ``args`` for a ``python`` command, from the ``#!`` line for a script, where
+    ``#!/usr/bin/env python3`` is read too, but not env's own options): ``-I``, ``-E`` or
+    ``-S`` there keep the shim out. None where it is no Python that this can tell."""
     if os.path.basename(path).startswith("python"):
-        words = [path, *args]
-    else:
-        try:
-            with open(path, "rb") as script:
-                first = script.readline(512).decode(errors="replace")
-        except OSError:
-            return None
-        if not first.startswith("#!") or "python" not in first:
-            return None
-        words = first[2:].split()
-        if os.path.basename(words[0]) == "env":  # env's own options (-S splits the rest) come first
-            rest = [w for w in words[1:]]
-            while rest and rest[0].startswith("-"):
-                if rest[0] in ("-i", "--ignore-environment"):  # PYTHONPATH is gone: nothing to check
-                    return None
-                rest = rest[1:]
-            found = shutil.which(rest[0]) if rest else None
-            if found is None:
-                return None
-            words = [found, *rest[1:]]
+        return [path, *interpreter_options(args)]
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(512).decode(errors="replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if len(words) > 1 and os.path.basename(words[0]) == "env":  # `env python3`; an option of env's is no command
+        words = [shutil.which(words[1]) or "", *words[2:]]
+    if not words or "python" not in os.path.basename(words[0]):
+        return None
     return [words[0], *interpreter_options(words[1:])]
 
 
@@ -98,11 +88,8 @@ def interpreter_options(args: list[str]) -> list[str]:
 NOT_CHAINING = ("opentelemetry-instrument",)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        print("dspark-hotfix run: give the command to run, e.g. dspark-hotfix run -- vllm serve ...", file=sys.stderr)
-        return 2
+def run(command: list[str]) -> int:
+    """Exec ``command`` with our start-up directory first on PYTHONPATH, where the shim will be active in it."""
     path = shutil.which(command[0])
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
@@ -115,18 +102,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
-    if python is None:
-        checked = f"cannot tell whether {command[0]} starts Python with the shim: nothing checked"
-    else:
+    checked = f"cannot tell whether {command[0]} starts Python with the shim: nothing checked"
+    if python is not None:
         # Asked of the command's own interpreter with its own options: the shim is
         # active there only if interpreter start imported it.
         proc = subprocess.run([*python, "-c", STARTED], env=env, stdin=subprocess.DEVNULL, capture_output=True,
                               text=True)
         if proc.returncode != 0:
             why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
-            hint = f"; {install_hint(python[0])}" if proc.returncode == CANNOT_IMPORT else ""
+            wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"  # no index carries it: no bare name
+            hint = f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
             print(f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
-                  f"{command[0]}): {why}{hint}", file=sys.stderr)
+                  f"{command[0]}): {why}{hint if proc.returncode == CANNOT_IMPORT else ''}", file=sys.stderr)
             return 1
         checked = f"{' '.join(python)} starts it"
     off = "" if dspark_hotfix.enabled() else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
@@ -136,8 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.execve(path, command, env)
     except OSError as exc:
         print(f"dspark-hotfix run: cannot run {command[0]}: {exc}", file=sys.stderr)
-        return 126
-    return 126  # not reached
+    return 126
 
 
 CANNOT_IMPORT = 4  # STARTED's exit status where the interpreter cannot import the shim or wrapt
@@ -161,65 +147,42 @@ if not started:
 """
 
 
-def install_hint(python: str) -> str:
-    """How to install the shim into ``python``: from this checkout where it is one,
-    else from a wheel built in one (no index carries the project: never a bare name)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "setup.cfg")):
-        return f"install it there: {python} -m pip install {root}"
-    return (f"install it there from the wheel you built: {python} -m pip install "
-            f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl")
-
-
-def cmd_status(args: argparse.Namespace) -> int:
+def show(command: str, as_json: bool) -> int:
+    """``status`` or ``doctor``: the report, as text or one JSON object; its exit code."""
     from dspark_hotfix import doctor
 
-    report = doctor.report("status")
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"activated by  {report['activated_by'] or 'nothing'} (pid {report['pid']})")
-        print(doctor.render_state(report))
+    report = doctor.diagnose() if command == "doctor" else doctor.report("status")
+    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
+    print(json.dumps(report, indent=2) if as_json else doctor.render(report))
     return int(report["exit_code"])
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from dspark_hotfix import doctor
-
-    report = doctor.diagnose()
-    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
-    return int(report["exit_code"])
-
-
-def cmd_path(args: argparse.Namespace) -> int:
-    print(startup_dir())
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    plain = argparse.RawDescriptionHelpFormatter  # the epilog as written
     parser = argparse.ArgumentParser(
         prog="dspark-hotfix",
         description="In-place hotfix for vLLM builds whose DeepSeek-V4 DSpark speculative decoding crashes.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=plain,
     )
     parser.add_argument("--version", action="version", version=f"dspark-hotfix {dspark_hotfix.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)")
-    p.set_defaults(func=cmd_path)
-    p = sub.add_parser("run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ...",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
-    p.set_defaults(func=cmd_run)
-    p = sub.add_parser("status", help="import vLLM's target modules here and show what the hotfix does to them",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("doctor", help="will the fix be active where it is needed? (see exit status)",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
-    p.set_defaults(func=cmd_doctor)
+    sub = parser.add_subparsers(dest="name", required=True)
+    command = functools.partial(sub.add_parser, epilog=EPILOG, formatter_class=plain)
+    command("path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)")
+    launcher = command("run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ...")
+    launcher.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
+    for name, text in (("status", "import vLLM's target modules here and show what the hotfix does to them"),
+                       ("doctor", "will the fix be active where it is needed? (see exit status)")):
+        checker = command(name, help=text)
+        checker.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
     args = parser.parse_args(argv)
-    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
-    return int(args.func(args))
+    if args.name == "path":
+        print(startup_dir())
+        return 0
+    if args.name == "run":
+        words = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not words:
+            launcher.error("give the command to run, e.g. dspark-hotfix run -- vllm serve ...")
+        return run(words)
+    return show(args.name, args.json)

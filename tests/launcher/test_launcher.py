@@ -90,14 +90,13 @@ def test_run_of_a_script_reads_the_options_of_its_shebang(tmp_path):
 
 def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim(tmp_path):
     # A venv without wrapt: the checkout's sitecustomize finds the package, wrapt is missing.
-    import subprocess
-
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = str(bare / "bin" / "python")
     proc = launch(tmp_path, python, "-c", PROBE)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
-    assert f"No module named 'wrapt'; install it there: {python} -m pip install {REPO}" in proc.stderr
+    assert (f"No module named 'wrapt'; install it there from the wheel you built: {python} -m pip install "
+            f"dspark_hotfix-{__version__}-py3-none-any.whl") in proc.stderr
     isolated = launch(tmp_path, python, "-I", "-c", PROBE)
     assert isolated.returncode == 1 and "-I: it ignores PYTHONPATH" in isolated.stderr
     assert "pip install" not in isolated.stderr  # installing would not help while -I stays
@@ -153,6 +152,16 @@ def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_m
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert f"{bare / 'bin' / 'python'} (the interpreter of" in proc.stderr
     assert f"{bare / 'bin' / 'python'} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
+
+
+def test_run_of_a_script_behind_env_reads_the_python_that_env_finds(tmp_path):
+    python = Path(sys.executable)
+    script = tmp_path / "serve"
+    script.write_text(f"#!/usr/bin/env {python.name}\n{PROBE}\n")
+    script.chmod(0o755)
+    proc = launch(tmp_path, str(script), env=clean_env(PYTHONPATH=str(REPO), PATH=f"{python.parent}:/usr/bin:/bin"))
+    assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
+    assert f"({python} starts it)" in proc.stderr, proc.stderr
 
 
 def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_path):
