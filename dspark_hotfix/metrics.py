@@ -2,7 +2,7 @@
 
 ``dspark_hotfix_info{version,activated_by}`` is 1 in every process where the
 shim is active. ``dspark_hotfix_patch_state{patch,state}`` is 1 for each
-patch's current state, and 0 for a state it has left. ``dspark_hotfix_patch_needed{patch}``
+patch's current state, and 0 for each other state (a state set). ``dspark_hotfix_patch_needed{patch}``
 says, once the patch is judged in the process, whether this vLLM needs it: 1,
 0, or -1 where its probe could not tell.
 
@@ -35,7 +35,6 @@ from dspark_hotfix import state
 
 _lock = threading.Lock()  # one publish at a time: a slower one must not write older states over newer
 _gauges: tuple[Any, Any, Any] | None = None  # info, state, needed: made once per process
-_shown: dict[str, set[str]] = {}  # per patch: the states published, to set those it has left to 0
 _warned = False
 
 
@@ -60,13 +59,10 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
             info, states, needed = _gauges or _make(module, source, records)
             info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
             for row in state.judge(records)["patches"]:
-                name, now = row["name"], row["state"]
-                for left in _shown.setdefault(name, set()) - {now}:
-                    states.labels(name, left).set(0)
-                states.labels(name, now).set(1)
-                _shown[name].add(now)
-                if now != state.PENDING:
-                    needed.labels(name).set(-1 if row["needed"] is None else int(row["needed"]))
+                for word in state.STATES:
+                    states.labels(row["name"], word).set(int(word == row["state"]))
+                if row["state"] != state.PENDING:
+                    needed.labels(row["name"]).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
         global _warned
         if not _warned:
@@ -83,8 +79,8 @@ def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[An
     _gauges = (
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
                      "what activated it", ["version", "activated_by"], multiprocess_mode=mode),
-        module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for a state it has "
-                     "left", ["patch", "state"], multiprocess_mode=mode),
+        module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
+                     "state", ["patch", "state"], multiprocess_mode=mode),
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
                      "process: 1 yes, 0 no, -1 not judged", ["patch"], multiprocess_mode=mode),
     )

@@ -130,9 +130,9 @@ def _discard(activation: Activation) -> None:
     global _active
     _active = None
     for record in activation.records.values():
-        if record.wrapper is not None:
-            owner, name, _ = state.attribute(record.module, record.patch.qualname)
-            setattr(owner, name, record.wrapper.__wrapped__)
+        if record.target is not None:
+            owner, name, original = record.target
+            setattr(owner, name, original)
 
 
 def _register(activation: Activation) -> None:
@@ -194,7 +194,6 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
     if _active is not activation:  # a hook of an activation a fork left (the child started anew)
         return
     try:
-        record.module = module
         _decide(activation, record, module)
         _report(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
@@ -258,7 +257,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         elif word == PATCHED and target is not None:
-            owner, name, original = target
+            owner, name, original = record.target = target
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
         record.state, record.needed, record.detail = word, needed, why

@@ -59,7 +59,7 @@ class Record:
         self.needed: bool | None = None  # once judged; None: the probe could not tell
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
-        self.module: Any = None  # the target's module, once imported
+        self.target: tuple[Any, str, Any] | None = None  # vLLM's owner, attribute name and function, once wrapped
         self.wrapper: Any = None  # what vLLM's function was replaced with
 
 
@@ -138,9 +138,8 @@ def line(records: Iterable[Record]) -> str | None:
         return None
     judged = judge(records)
     names: dict[str, list[str]] = {state: [] for state in STATES}
-    for r, each in zip(records, judged["patches"], strict=True):
-        until = f" until {r.patch.module} is imported" if each["state"] == PENDING else ""
-        names[each["state"]].append(each["name"] + until)
+    for each in judged["patches"]:
+        names[each["state"]].append(each["name"])
     counts = [f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
               for state, n in names.items() if n]
     return f"{judged['verdict']}: {', '.join(counts)}"

@@ -73,10 +73,10 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
     return fixed
 
 
-def deepseek_v4_fp8_ds_mla(spec: Any, cache_dtype: str | None = None) -> bool:
-    """Whether ``spec`` is a DeepSeek-V4 cache of this layout (by its own cache dtype, or the runner's)."""
-    return getattr(spec, "model_version", None) == MODEL_VERSION and CACHE_DTYPE in (
-        getattr(spec, "cache_dtype_str", None), cache_dtype)
+def deepseek_v4_fp8_ds_mla(spec: Any) -> bool:
+    """Whether ``spec`` is a DeepSeek-V4 cache of this layout."""
+    return getattr(spec, "model_version", None) == MODEL_VERSION and \
+        getattr(spec, "cache_dtype_str", None) == CACHE_DTYPE
 
 
 def holds_layout(spec: Any, quant_mode: Any) -> bool:

@@ -51,7 +51,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
 
 def check(vllm_config: Any, kv_cache_spec: Any) -> None:
     """Before ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``: stop where it would break DeepSeek-V4."""
-    layers = deepseek_v4_layers(kv_cache_spec)
+    layers = [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
         raise Finding(
             f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({len(layers)} layers, e.g. {layers[0]}) need vLLM's hybrid KV "
@@ -62,10 +62,6 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
             "--disable-hybrid-kv-cache-manager); for prefill/decode disaggregation, a KV connector that supports it "
             "(a SupportsHMA one); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
         )
-
-
-def deepseek_v4_layers(kv_cache_spec: Any) -> list[str]:
-    return [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
 
 
 def why_off(vllm_config: Any) -> str:
