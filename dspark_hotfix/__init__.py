@@ -4,7 +4,7 @@ Put ``dspark-hotfix path`` on ``PYTHONPATH``, or let vLLM load the
 ``vllm.general_plugins`` entry point; ``DSPARK_HOTFIX=0`` turns it off.
 
 This module is also all that interpreter start loads (``sitecustomize.py``
-calls :func:`boot`): the switch, the import watcher, and the sitecustomize ours
+calls :func:`at_interpreter_start`): the switch, the import watcher, and the sitecustomize ours
 shadows. It runs in every Python process of a serving image, so it is the
 standard library only and as little of it as possible: no ``from __future__``,
 no ``typing``, no ``importlib.abc`` base class (importing it pulls in
@@ -146,7 +146,7 @@ class ActivatingLoader:
                     setattr(owner, name, self.loader)
             except (AttributeError, TypeError):
                 pass
-        start(self.watcher.source, now=True)
+        activate_or_watch(self.watcher.source, now=True)
         self.watcher.done = True  # not after an interrupt: the retried import activates
         self.loader.exec_module(module)
 
@@ -159,7 +159,7 @@ class ActivatingLoader:
         setattr(self.loader, name, value)
 
 
-def start(source, now=False):
+def activate_or_watch(source, now=False):
     """Activate the registry now if vLLM is imported already (by an earlier
     sitecustomize, a .pth, or vLLM's plugin loader), or ``now`` is asked, else
     watch for it. The watcher's loader asks ``now``: the module it runs is
@@ -177,10 +177,10 @@ def start(source, now=False):
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
 
-def boot(sitecustomize_file):
+def at_interpreter_start(sitecustomize_file):
     """Called by ``sitecustomize.py``: arrange the hooks, then chain."""
     try:
-        start("sitecustomize")
+        activate_or_watch("sitecustomize")
     finally:
         chain(sitecustomize_file)
 
@@ -207,7 +207,8 @@ def chain(sitecustomize_file):
     try:
         import sitecustomize  # (the shadowed one, if any)
 
-        if getattr(sitecustomize, "boot", None) is not boot:  # another copy of ours recorded what it chained
+        # Another copy of ours (in a directory further down sys.path) recorded what it chained.
+        if getattr(sitecustomize, "at_interpreter_start", None) is not at_interpreter_start:
             chained = {"file": getattr(sitecustomize, "__file__", None)}
     except Exception as exc:
         if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):

@@ -95,7 +95,7 @@ os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 def install(source: str = "api") -> None:
     """Arrange for every selected patch to be applied; idempotent. ``source`` names
     the activation path (``sitecustomize``, ``vllm-plugin``, ``api``)."""
-    dspark_hotfix.start(source)
+    dspark_hotfix.activate_or_watch(source)
 
 
 def activate(source: str) -> None:

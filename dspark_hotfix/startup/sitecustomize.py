@@ -9,7 +9,7 @@ import sys
 
 try:
     try:
-        from dspark_hotfix import boot
+        from dspark_hotfix import at_interpreter_start
     except ImportError:
         # A checkout: the package is two directories up. It is imported from
         # there without leaving the checkout on sys.path (its tests/, bench/
@@ -19,7 +19,7 @@ try:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
         sys.path.insert(0, root)
         try:
-            from dspark_hotfix import boot
+            from dspark_hotfix import at_interpreter_start
         finally:
             sys.path.remove(root)
 except Exception as exc:  # never break interpreter start, whatever stderr does
@@ -30,4 +30,4 @@ except Exception as exc:  # never break interpreter start, whatever stderr does
     except Exception:  # None under 2>&-, a read-only fd 2, a reader gone
         pass
 else:
-    boot(__file__)
+    at_interpreter_start(__file__)
