@@ -137,13 +137,14 @@ if sys.flags.no_site:
     stop(1, "-S: it runs no site, so no sitecustomize; start it without -S")
 if sys.flags.ignore_environment:
     stop(1, f"-{'I' if sys.flags.isolated else 'E'}: it ignores PYTHONPATH; start it without that option")
-started = "dspark_hotfix" in sys.modules
+# Ours ran: it watches for vLLM, or it imported the package to read DSPARK_HOTFIX.
+started = "dspark_hotfix" in sys.modules or any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
 try:
     import dspark_hotfix.registry, wrapt
 except ImportError as exc:
     stop(4, f"{type(exc).__name__}: {exc}")
 if not started:
-    stop(1, "interpreter start did not import dspark_hotfix: a sitecustomize ahead of ours")
+    stop(1, "interpreter start did not run ours: a sitecustomize ahead of ours")
 """
 
 

@@ -1,6 +1,6 @@
 """The switches other than ``DSPARK_HOTFIX`` itself, read once per process.
 
-``DSPARK_HOTFIX`` is read at interpreter start (``dspark_hotfix.enabled``).
+``DSPARK_HOTFIX`` is read by ``dspark_hotfix.enabled``.
 None of the names start with ``VLLM_``: vLLM warns about (or, in hard-fail
 mode, rejects) unknown ``VLLM_*`` variables. Each variable gives at most one
 warning, quoting at most a few names or characters of what it was set to: the

@@ -112,8 +112,8 @@ def diagnose() -> dict[str, Any]:
     # The sitecustomize that won, and what ours chained; where a foreign one won and ours did not run,
     # the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper (opentelemetry-instrument).
     module = sys.modules.get("sitecustomize")
-    ours = getattr(module, "at_interpreter_start", None) is dspark_hotfix.at_interpreter_start
-    site = {"ours": ours, "file": getattr(module, "__file__", None), "chained": dspark_hotfix.chained if ours else None,
+    ours = hasattr(module, "VllmImportWatcher")  # the start-up hook's import watcher: our sitecustomize
+    site = {"ours": ours, "file": getattr(module, "__file__", None), "chained": getattr(module, "chained", None),
             "ahead": None}
     if not ours and site["file"] and out["activated_by"] != "sitecustomize" and not sys.flags.ignore_environment:
         copies = [os.path.join(e, "sitecustomize.py") for e in entries if os.path.isabs(e)]

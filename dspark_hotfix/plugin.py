@@ -13,4 +13,4 @@ import dspark_hotfix
 
 
 def register() -> None:
-    dspark_hotfix.activate_or_watch("vllm-plugin")
+    dspark_hotfix.install("vllm-plugin")

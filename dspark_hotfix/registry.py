@@ -1,6 +1,6 @@
 """The registry: when to patch, how, and what every failure means.
 
-Interpreter start only inserts ``dspark_hotfix.VllmImportWatcher``; this module
+Interpreter start only inserts the start-up hook's ``VllmImportWatcher``; this module
 is imported when ``vllm`` is. :func:`activate` registers one wrapt post-import
 hook per patch. A hook fires when vLLM has imported the patch's module (at once
 if it is imported already; a module another thread is still importing is waited
@@ -92,12 +92,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def install(source: str = "api") -> None:
-    """Arrange for every selected patch to be applied; idempotent. ``source`` names
-    the activation path (``sitecustomize``, ``vllm-plugin``, ``api``)."""
-    dspark_hotfix.activate_or_watch(source)
-
-
 def activate(source: str) -> None:
     """Register the post-import hooks, whole or not at all: a second caller waits for
     the first, and an interrupt leaves no activation behind. With ``DSPARK_HOTFIX``
@@ -167,7 +161,7 @@ def _copyable(importer: Any) -> None:
     Until a hook's module is imported (a vLLM module, ``prometheus_client``), ``importlib.util.find_spec``
     gives it wrapt's ``_ImportHookChainedLoader``: an ``ObjectProxy``, whose ``__copy__``, ``__deepcopy__``
     and ``__reduce__`` (wrapt 1.x: ``__reduce_ex__`` too) raise ``NotImplementedError``. Availability checks
-    copy and pickle specs: the defect :class:`dspark_hotfix.ActivatingLoader` is built to avoid. So a copy
+    copy and pickle specs: the defect the start-up hook's ``ActivatingLoader`` is built to avoid. So a copy
     or a pickle of that proxy is one of the loader it wraps (loading through a copy fires no hook, as
     through any spec found before the hooks); the proxy itself loads, and fires the hooks, as before. A
     wrapt without that class, or that refuses the change, is left as it is."""

@@ -104,6 +104,10 @@ IMPORT_ALL = "".join(f"import {m}\n" for m in MODULES)
 # after the first line.
 ENGINE_CORE_FIRST = "".join(f"import {m}\n" for m in MODULES if m != RUNNER)
 
+# An expression, in a child's code: whether the start-up hook watches for vLLM in that process (it put its
+# VllmImportWatcher on sys.meta_path at interpreter start). Needs `import sys`.
+WATCHING = "any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)"
+
 WRAP_DEPTH = """
 import json as _json, sys as _sys, types as _types
 from dspark_hotfix.patches import ALL as _ALL

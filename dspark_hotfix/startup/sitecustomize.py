@@ -1,33 +1,209 @@
 """dspark_hotfix start-up hook: put this file's directory on PYTHONPATH.
 
-It imports the standard library and the ``dspark_hotfix`` package module (no
-other), arranges for the patches to be applied when vLLM imports them, then
-runs the ``sitecustomize`` it shadows. ``DSPARK_HOTFIX=0`` turns it off.
+At interpreter start this is the only module of the shim that loads, and it
+imports only the standard library: it puts :class:`VllmImportWatcher` on
+``sys.meta_path``, then runs the ``sitecustomize`` it shadows (:func:`chain`).
+The ``dspark_hotfix`` package is imported when ``vllm`` is, and activates its
+registry then; where ``DSPARK_HOTFIX`` is set, it is imported at once to read
+the switch (``DSPARK_HOTFIX=0`` turns the shim off). No ``from __future__``, no
+``typing``, no ``importlib.abc`` base class (importing it pulls in ``pathlib``
+and ``re``), no logging. Nothing here raises (a start-up hook that fails would
+break every process in the image), except the package's ``HotfixError`` in
+strict mode, when vLLM is imported.
 """
 
+import os
 import sys
 
-try:
-    try:
-        from dspark_hotfix import at_interpreter_start
-    except ImportError:
-        # A checkout: the package is two directories up. It is imported from
-        # there without leaving the checkout on sys.path (its tests/, bench/
-        # and scripts/ must not become importable in every process).
-        import os
+chained = None  # what chain() imported: {"file": ...} or {"error": ...}; None: nothing shadowed
 
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-        sys.path.insert(0, root)
-        try:
-            from dspark_hotfix import at_interpreter_start
-        finally:
-            sys.path.remove(root)
-except Exception as exc:  # never break interpreter start, whatever stderr does
+
+def say(text):
+    """A line on stderr, where it can be written; start-up goes on without it."""
     try:
-        sys.stderr.write(f"dspark_hotfix: not active: {sys.executable} cannot import the package "
-                         f"({type(exc).__name__}: {exc}); install it into this interpreter "
-                         f"from a checkout or a wheel built from one: {sys.executable} -m pip install PATH\n")
-    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone
+        sys.stderr.write(text + "\n")
+    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
         pass
-else:
-    at_interpreter_start(__file__)
+
+
+def package():
+    """The ``dspark_hotfix`` package, or None where it cannot be imported (said on stderr).
+
+    The package this file came with comes first: beside it (a checkout's root, or a
+    copy of one), or two directories up from its real path (the start-up directory of
+    an installed wheel or of a checkout), then ``sys.path``. Those directories are on
+    ``sys.path`` only for the import: a checkout's tests/, bench/ and scripts/ must not
+    become importable in every process."""
+    real = os.path.realpath(__file__)
+    ours = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.dirname(real)))]
+    sys.path[:0] = ours
+    try:
+        import dspark_hotfix
+
+        return dspark_hotfix
+    except Exception as exc:
+        say(f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: "
+            f"{exc}); install it into this interpreter from a checkout or a wheel built from one: "
+            f"{sys.executable} -m pip install PATH")
+        return None
+    finally:
+        del sys.path[:len(ours)]
+
+
+def activate(source):
+    """Activate the shim (the package's ``install``): the registry's hooks, from now on."""
+    shim = package()
+    if shim is not None:
+        shim.install(source)
+
+
+def start():
+    """Watch for vLLM, or activate at once where it is imported already (by an earlier
+    sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
+    if "DSPARK_HOTFIX" in os.environ:  # the package reads the switch, and says what it does not understand
+        shim = package()
+        if shim is None or not shim.enabled():
+            return
+    if "vllm" in sys.modules:
+        activate("sitecustomize")
+    elif not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
+        sys.meta_path.insert(0, VllmImportWatcher("sitecustomize"))  # unless a copy of ours put one there
+
+
+class VllmImportWatcher:
+    """A meta-path finder that activates the shim when ``vllm`` is imported.
+
+    Hazard: CPython calls ``find_spec`` with the global import lock held. Were
+    activation to run there, a thread importing wrapt (which activation
+    imports) would wait for that lock while activation waited for wrapt's module
+    lock: a hang for good. So ``find_spec`` only asks the finders after it for
+    the module's spec and hands it a loader that activates in ``exec_module``,
+    where the only lock held is the module's own, which CPython's deadlock
+    detection covers. Nothing here imports a module or takes a lock.
+
+    Until an activation has completed it does so for every module of vLLM, not
+    only ``vllm`` itself: a second thread importing a submodule of the package
+    that the first is still executing does not wait for the package, so it is
+    made to wait for the first thread's activation (in the registry's ``activate``)
+    instead of running ahead of the hooks. It stays on ``sys.meta_path``:
+    removing a finder while the import system iterates that list would skip the
+    next finder.
+
+    The construction is deliberate and not new: ddtrace's module watchdog
+    (``ModuleWatchdog.find_spec`` in DataDog/dd-trace-py) asks the finders after
+    it itself and wraps the loader it gets, its fix for the same import-lock
+    deadlock; wrapt's importer (``ImportHookFinder``, the hooks' own mechanism)
+    guards its re-entry the way ``asking`` does here.
+    """
+
+    __slots__ = ("asking", "done", "source")
+
+    def __init__(self, source):
+        self.source = source
+        self.done = False
+        self.asking = False  # the finders asked below may ask the meta path again
+
+    def find_spec(self, fullname, path=None, target=None):
+        if self.done or self.asking or not (fullname == "vllm" or fullname.startswith("vllm.")) or \
+                self not in sys.meta_path:
+            return None
+        self.asking = True
+        try:
+            for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+                spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.asking = False
+        if hasattr(spec.loader, "exec_module"):
+            spec.loader = ActivatingLoader(spec.loader, self)  # type: ignore[assignment]  # no abc base, see above
+        return spec
+
+
+class ActivatingLoader:
+    """A vLLM module's own loader, activating the registry before the module runs.
+
+    A transparent proxy, because other tools wrap it and keep it, by design as
+    in the prior art. ddtrace's ``ModuleWatchdog`` (``ddtrace/internal/module.py``)
+    walks ``sys.meta_path`` as the watcher does, wraps this loader, assigns
+    ``get_code`` on it to transform the module's code, and leaves it as the
+    module's ``__loader__``; availability checks copy and pickle the spec of
+    ``importlib.util.find_spec("vllm")``. So, like wrapt's ``ObjectProxy``, no
+    ``__slots__``: reads and writes go to the real loader, but for its own two
+    attributes, in its ``__dict__``, which is empty while ``copy`` or ``pickle``
+    rebuilds one (a look-up must fail then, not recurse). ``__loader__`` and
+    ``__spec__.loader`` go back to the real loader only where they still point
+    at the proxy, as wrapt's importer does (``_self_set_loader``): a loader
+    wrapped around this one (ddtrace's, wrapt's, ``importlib.util.LazyLoader``)
+    put itself there and restores what it wants; a module that refuses keeps it.
+    """
+
+    def __init__(self, loader, watcher):
+        vars(self).update(loader=loader, watcher=watcher)  # __setattr__ writes to the real loader
+
+    def exec_module(self, module):
+        # The module keeps its real loader (pkgutil, importlib.resources and reload read it).
+        for owner, name in ((module, "__loader__"), (getattr(module, "__spec__", None), "loader")):
+            try:
+                if getattr(owner, name, None) is self:
+                    setattr(owner, name, self.loader)
+            except (AttributeError, TypeError):
+                pass
+        activate(self.watcher.source)
+        self.watcher.done = True  # not after an interrupt: the retried import activates
+        self.loader.exec_module(module)
+
+    def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
+        if "loader" not in vars(self):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.loader, name, value)
+
+
+def chain(sitecustomize_file):
+    """Import the ``sitecustomize`` that ours shadows, exactly once.
+
+    Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
+    Pythons ship their own. Every entry whose ``sitecustomize.py`` (``.pyc`` in
+    a sourceless image) is our very file (a symlinked directory, or a checkout
+    root's link to it, too) is taken off ``sys.path`` for the import and put
+    back where it was, keeping what the shadowed one changed (images extend
+    ``sys.path`` there); errors are reported the way ``site`` reports its own
+    sitecustomize's, start-up goes on, and ``chained`` records what happened.
+    """
+    global chained
+    ours = sys.modules.pop("sitecustomize", None)
+    name = os.path.basename(sitecustomize_file)  # sitecustomize.pyc where an image keeps no sources
+    # samefile compares two stats; realpath would walk every path component in Python code.
+    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.isfile(os.path.join(p, name))
+             and os.path.samefile(os.path.join(p, name), sitecustomize_file)]
+    for i, _ in reversed(taken):
+        del sys.path[i]
+    try:
+        import sitecustomize  # (the shadowed one, if any)
+
+        # Another copy of ours, further down sys.path, chained the one that ran.
+        chained = sitecustomize.chained if hasattr(sitecustomize, "VllmImportWatcher") else \
+            {"file": getattr(sitecustomize, "__file__", None)}
+    except Exception as exc:
+        if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
+            chained = {"error": f"{type(exc).__name__}: {exc}"}
+            say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")
+    finally:
+        for i, p in taken:
+            sys.path.insert(i, p)
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+if __name__ == "sitecustomize":  # not where a tool loads this file under another name
+    try:
+        start()
+    except Exception as exc:  # (site would print it and go on: said as the shim says everything)
+        say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
+    finally:
+        chain(__file__)

@@ -23,6 +23,7 @@ from tests.conftest import (
     REPO,
     STANDIN,
     STATUS,
+    WATCHING,
     WRAP_DEPTH,
     clean_env,
     copy_of_shim,
@@ -149,14 +150,16 @@ def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
 
 @pytest.mark.parametrize("flag", ["-S", "-I"])
 def test_isolating_flags_start_cleanly_without_the_shim(flag):
-    proc = run_python("import sys; print('dspark_hotfix' in sys.modules)", flags=(flag,))
+    proc = run_python(f"import sys; print({WATCHING} or 'dspark_hotfix' in sys.modules)", flags=(flag,))
     assert proc.stdout.strip() == "False" and proc.stderr == ""
 
 
 def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
-    proc = run_python("import sys; print(repr(sorted(sys.modules)))", path=(REPO,))
-    loaded = set(eval(proc.stdout))
-    assert {m for m in loaded if m.startswith("dspark_hotfix")} == {"dspark_hotfix"}  # active, one module
+    proc = run_python(f"import sys; print(repr(sorted(sys.modules))); print({WATCHING})", path=(REPO,))
+    modules, watching = proc.stdout.splitlines()
+    loaded = set(eval(modules))
+    assert watching == "True" and "sitecustomize" in loaded  # active: the start-up module, and no other of ours
+    assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
 

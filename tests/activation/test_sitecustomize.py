@@ -155,11 +155,11 @@ def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
 
 def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install_command(tmp_path):
     # The start-up directory on PYTHONPATH, but no package beside it or installed: a
-    # wrong interpreter, say. Start-up goes on; the line names the interpreter and the fix.
+    # wrong interpreter, say. vLLM's import goes on; the line names the interpreter and the fix.
     lonely = tmp_path / "a" / "b" / "c"
     lonely.mkdir(parents=True)
     shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", lonely / "sitecustomize.py")
-    proc = run_python("print('started')", path=(lonely,))
+    proc = run_python("import vllm; print('started')", path=(lonely, STANDIN), cwd=tmp_path)
     assert proc.stdout.strip() == "started"
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")

@@ -20,6 +20,7 @@ from tests.conftest import (
     REPO,
     STANDIN,
     STATUS,
+    WATCHING,
     clean_env,
     run_in_env,
     run_in_venv,
@@ -103,7 +104,7 @@ def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim
 
 
 def test_run_refuses_an_interpreter_whose_flags_keep_the_shim_out(tmp_path):
-    said = "import sys; print('RAN', 'dspark_hotfix' in sys.modules)"
+    said = f"import sys; print('RAN', {WATCHING})"
     plain = launch(tmp_path, sys.executable, "-c", said)
     assert plain.returncode == 0 and plain.stdout == "RAN True\n", plain.stderr  # the check itself lets it through
     isolated = launch(tmp_path, sys.executable, "-I", "-c", said)

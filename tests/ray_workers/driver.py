@@ -16,7 +16,8 @@ import ray
 
 class Reporter:
     def report(self, load_plugins):
-        early = "dspark_hotfix" in sys.modules  # loaded at interpreter start, by sitecustomize
+        # The start-up hook's watcher, put there at interpreter start by sitecustomize.
+        early = any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
         out = {"pid": os.getpid(), "early": early,
                "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "DSPARK_HOTFIX")}}
         if load_plugins:

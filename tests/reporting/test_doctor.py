@@ -29,7 +29,9 @@ STARTUP = REPO / "dspark_hotfix" / "startup"
 
 
 def doctor(cwd: Path, path: tuple[Path | str, ...], *flags: str, **env: str):
-    full = clean_env(PYTHONPATH=os.pathsep.join(str(p) for p in path), **env)
+    """``python -m dspark_hotfix doctor`` from ``cwd``: the checkout last on PYTHONPATH holds the package
+    (start-up imports it only where vLLM is imported)."""
+    full = clean_env(PYTHONPATH=os.pathsep.join(str(p) for p in (*path, REPO)), **env)
     return run_in_env([sys.executable, "-m", "dspark_hotfix", "doctor", *flags], full, cwd=cwd)
 
 
@@ -110,7 +112,7 @@ def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomiz
 
 def test_doctor_reports_an_image_sitecustomize_that_fails_at_every_start(tmp_path):
     broken = image(tmp_path / "image", "raise RuntimeError('image customisation broke')\n")
-    proc = child(DOCTOR, path=(STARTUP, broken, STANDIN), cwd=tmp_path)
+    proc = child(DOCTOR, path=(STARTUP, broken, STANDIN, REPO), cwd=tmp_path)
     site = json.loads(proc.stdout)["sitecustomize"]
     assert "Error in sitecustomize" in proc.stderr  # said at start-up, as site says it
     assert site["ours"] and site["chained"] == {"error": "RuntimeError: image customisation broke"}, site
@@ -158,7 +160,7 @@ def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):
 
 
 def test_doctor_warns_about_the_working_directory_on_the_path(tmp_path):
-    proc = cli("doctor", "--json", path=(STARTUP, STANDIN, "", "relative/dir"), cwd=tmp_path)
+    proc = cli("doctor", "--json", path=(STARTUP, STANDIN, "", "relative/dir", REPO), cwd=tmp_path)
     warnings = json.loads(proc.stdout)["warnings"]
     assert proc.returncode == 0  # warnings do not change the verdict
     assert [w for w in warnings if w.startswith("PYTHONPATH ")] == [
