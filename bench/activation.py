@@ -34,11 +34,13 @@ def main() -> None:
     top_level = sum("." not in name for name in sys.modules)
     repo = str(Path(__file__).resolve().parent.parent)
     sys.path.insert(0, repo)
+    before = set(sys.modules)
     start = time.perf_counter()
     from dspark_hotfix import registry
 
     registry.activate("bench")
     activation = time.perf_counter() - start
+    vllm_imported = sorted(m for m in set(sys.modules) - before if m.startswith("vllm."))
     spec = importlib.util.spec_from_file_location("startup", Path(repo) / "dspark_hotfix/startup/sitecustomize.py")
     assert spec is not None and spec.loader is not None
     startup = importlib.util.module_from_spec(spec)
@@ -54,6 +56,7 @@ def main() -> None:
     states = {row["name"]: row["state"] for row in registry.status()["patches"]}
     print(json.dumps({
         "modules": modules, "activation_s": activation, "find_spec_ns": finders, "states": states,
+        "vllm_imported": vllm_imported,
         "top_level": top_level, "path_entry_ns": per_call_ns(path_entry.find_spec, "some_module"),
     }))
 

@@ -327,6 +327,12 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], 
         f"the directory on PYTHONPATH {inside[0]['path_entry_ns']:.0f} ns per top-level name, times "
         f"{inside[0]['top_level']}. Together {share * 1e3:.1f} ms: A/B = **{inside_ratio:.4f}** on B's median.",
         "",
+        f"Of that, the activation imported {len(inside[0]['vllm_imported'])} modules of vLLM that this process had "
+        "not: where every other patch is judged, the registry imports the `everywhere` stop's module "
+        "(`vllm.v1.core.kv_cache_utils`), so that every process kind gives one verdict. A process that imports "
+        "only this module pays for all of them; a tensor-parallel worker of 0.25.0, which has imported vLLM's V2 "
+        "model runner by then, lacks only `kv_cache_utils` itself.",
+        "",
         f"`-X importtime` self time of the modules A adds, one run: {sum(shim.values()) / 1e3:.1f} ms in "
         f"{len(shim)} modules (wrapt {sum(v for k, v in shim.items() if k.startswith('wrapt')) / 1e3:.1f} ms, "
         f"dspark_hotfix {sum(v for k, v in shim.items() if k.startswith('dspark')) / 1e3:.1f} ms).",
