@@ -69,7 +69,7 @@ def states_of(line: str) -> tuple[str, dict[str, str]]:
     verdict, _, rest = line.partition(": ")
     states = {p.name: "not_needed" for p in ALL}
     for state, names in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest):
-        for name in filter(None, (n.split(" until ")[0].strip() for n in names.split(","))):
+        for name in filter(None, (n.strip() for n in names.split(","))):
             states[name] = state
     return verdict, states
 
