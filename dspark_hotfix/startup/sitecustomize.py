@@ -4,8 +4,8 @@ At interpreter start this is the only module of the shim that loads, and it
 imports only the standard library: it puts :class:`VllmImportWatcher` on
 ``sys.meta_path``, then runs the ``sitecustomize`` it shadows (:func:`chain`).
 The ``dspark_hotfix`` package is imported when ``vllm`` is, and activates its
-registry then; where ``DSPARK_HOTFIX`` is set, it is imported at once to read
-the switch (``DSPARK_HOTFIX=0`` turns the shim off). No ``from __future__``, no
+registry then; where ``DSPARK_HOTFIX`` is set to anything but ``1``, it is
+imported at once to read the switch (``DSPARK_HOTFIX=0`` turns the shim off). No ``from __future__``, no
 ``typing``, no ``importlib.abc`` base class (importing it pulls in ``pathlib``
 and ``re``), no logging. Nothing here raises (a start-up hook that fails would
 break every process in the image), except the package's ``HotfixError`` in
@@ -60,7 +60,9 @@ def activate(source):
 def start():
     """Watch for vLLM, or activate at once where it is imported already (by an earlier
     sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
-    if "DSPARK_HOTFIX" in os.environ:  # the package reads the switch, and says what it does not understand
+    # "1" (the Dockerfile's value) is on; the package reads any other value, and says what it
+    # does not understand.
+    if os.environ.get("DSPARK_HOTFIX", "1") != "1":
         shim = package()
         if shim is None or not shim.enabled():
             return
@@ -168,34 +170,43 @@ def chain(sitecustomize_file):
     """Import the ``sitecustomize`` that ours shadows, exactly once.
 
     Only the first ``sitecustomize`` on ``sys.path`` runs, and Debian and Ubuntu
-    Pythons ship their own. Every entry whose ``sitecustomize.py`` (``.pyc`` in
-    a sourceless image) is our very file (a symlinked directory, or a checkout
-    root's link to it, too) is taken off ``sys.path`` for the import and put
-    back where it was, keeping what the shadowed one changed (images extend
-    ``sys.path`` there); errors are reported the way ``site`` reports its own
-    sitecustomize's, start-up goes on, and ``chained`` records what happened.
+    Pythons ship their own. Each entry of ``sys.path`` is asked in turn, as the
+    import would ask it (``PathFinder``, whose directory listings are cached: no
+    import is tried where none is shadowed, the common case). Every entry whose
+    ``sitecustomize`` is our very file (a symlinked directory, or a checkout root's
+    link to it, too) is taken off ``sys.path`` for the import and put back where it
+    was, keeping what the shadowed one changed (images extend ``sys.path`` there);
+    errors are reported the way ``site`` reports its own sitecustomize's, start-up
+    goes on, and ``chained`` records what happened.
     """
     global chained
+    from _frozen_importlib_external import PathFinder  # importlib.machinery's, without importing it (1 ms)
+
+    taken = []  # the entries whose sitecustomize is our file, and their places
+    for i, entry in enumerate(sys.path):
+        spec = PathFinder.find_spec("sitecustomize", [entry])
+        origin = getattr(spec, "origin", None)  # (None: a directory named sitecustomize)
+        if origin is not None and os.path.isfile(origin) and os.path.samefile(origin, sitecustomize_file):
+            taken.append((i, entry))
+        elif spec is not None:
+            break
+    else:
+        return  # none shadowed
     ours = sys.modules.pop("sitecustomize", None)
-    name = os.path.basename(sitecustomize_file)  # sitecustomize.pyc where an image keeps no sources
-    # samefile compares two stats; realpath would walk every path component in Python code.
-    taken = [(i, p) for i, p in enumerate(sys.path) if os.path.isfile(os.path.join(p, name))
-             and os.path.samefile(os.path.join(p, name), sitecustomize_file)]
     for i, _ in reversed(taken):
         del sys.path[i]
     try:
-        import sitecustomize  # (the shadowed one, if any)
+        import sitecustomize  # (the shadowed one)
 
         # Another copy of ours, further down sys.path, chained the one that ran.
         chained = sitecustomize.chained if hasattr(sitecustomize, "VllmImportWatcher") else \
             {"file": getattr(sitecustomize, "__file__", None)}
     except Exception as exc:
-        if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
-            chained = {"error": f"{type(exc).__name__}: {exc}"}
-            say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")
+        chained = {"error": f"{type(exc).__name__}: {exc}"}
+        say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")
     finally:
-        for i, p in taken:
-            sys.path.insert(i, p)
+        for i, entry in taken:
+            sys.path.insert(i, entry)
         if ours is not None:
             sys.modules["sitecustomize"] = ours
 

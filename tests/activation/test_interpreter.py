@@ -17,6 +17,7 @@ import tempfile
 
 import pytest
 
+import dspark_hotfix
 from tests.conftest import (
     IMPORT_ALL,
     PATCHES,
@@ -154,14 +155,17 @@ def test_isolating_flags_start_cleanly_without_the_shim(flag):
     assert proc.stdout.strip() == "False" and proc.stderr == ""
 
 
-def test_startup_imports_nothing_heavy_when_vllm_is_never_imported():
-    proc = run_python(f"import sys; print(repr(sorted(sys.modules))); print({WATCHING})", path=(REPO,))
+@pytest.mark.parametrize("switch", [None, "1"], ids=["unset", "the Dockerfile's 1"])
+def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
+    env = {} if switch is None else {"DSPARK_HOTFIX": switch}
+    proc = run_python(f"import sys; print(repr(sorted(sys.modules))); print({WATCHING})", path=(REPO,), env=env)
     modules, watching = proc.stdout.splitlines()
     loaded = set(eval(modules))
     assert watching == "True" and "sitecustomize" in loaded  # active: the start-up module, and no other of ours
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
+    assert switch is None or switch in dspark_hotfix.TRUE_WORDS  # start-up reads "1" alone; the package agrees
 
 
 @pytest.mark.parametrize("value", ["", "bogus", "1"])
