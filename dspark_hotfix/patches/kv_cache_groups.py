@@ -28,8 +28,6 @@ what turned the manager off and what helps. Everything else passes through.
 Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import sys
@@ -55,23 +53,14 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
         raise Finding(
             f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({len(layers)} layers, e.g. {layers[0]}) need vLLM's hybrid KV "
-            f"cache manager, and it is off: {why_off(vllm_config)}. With it off this vLLM rebuilds their "
+            "cache manager, and it is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
+            "--kv-transfer-config connector without hybrid support). With it off this vLLM rebuilds their "
             f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
             f"{BYTES_PER_TOKEN}: 'kv must have shape ...') and every compressor state at the full-attention block "
             "size, which its kernels refuse. What helps: leave the hybrid manager on (drop "
             "--disable-hybrid-kv-cache-manager); for prefill/decode disaggregation, a KV connector that supports it "
             "(a SupportsHMA one); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
         )
-
-
-def why_off(vllm_config: Any) -> str:
-    """What turned the manager off, as far as the config still tells: it keeps the flag, not its reason."""
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    if transfer is not None:
-        return (f"--kv-transfer-config selects the KV connector {getattr(transfer, 'kv_connector', None)!r}; vLLM "
-                "turns the manager off for a connector without hybrid support (its log says so), or "
-                "--disable-hybrid-kv-cache-manager was given")
-    return "--disable-hybrid-kv-cache-manager was given (or the platform does not support the manager)"
 
 
 def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
