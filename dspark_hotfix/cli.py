@@ -1,7 +1,5 @@
 """``dspark-hotfix`` / ``python -m dspark_hotfix``: path, run, status, doctor."""
 
-from __future__ import annotations
-
 import argparse
 import functools
 import json

@@ -7,8 +7,6 @@ warning, quoting at most a few names or characters of what it was set to: the
 warning is printed by every process of a serving image.
 """
 
-from __future__ import annotations
-
 import functools
 import os
 from collections.abc import Iterable, Mapping
@@ -22,8 +20,6 @@ STRICT = "DSPARK_HOTFIX_STRICT"
 # The wrapt releases the tests run: 1.17.3 (what the Dockerfile installs) and the newest 2.x.
 WRAPT_OLDEST, WRAPT_NEWEST_MAJOR = (1, 17), 2
 WRAPT_RANGE = f"{WRAPT_OLDEST[0]}.{WRAPT_OLDEST[1]} to {WRAPT_NEWEST_MAJOR}.x"
-
-__all__ = ["ENABLE", "PATCHES", "STRICT", "Settings", "settings"]
 
 
 def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:

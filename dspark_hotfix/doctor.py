@@ -9,8 +9,6 @@ out states). Doctor then checks the serving environment: which
 point (read as vLLM reads ``VLLM_PLUGINS``), ``PYTHONPATH`` and wrapt.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 import importlib.metadata

@@ -21,29 +21,16 @@ value is as fresh as the process's last decision.
 A failure here is said once and never reaches vLLM, in strict mode too.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import sys
-import threading
 from collections.abc import Iterable
 from typing import Any
 
 import dspark_hotfix
 from dspark_hotfix import state
 
-_lock = threading.Lock()  # one publish at a time: a slower one must not write older states over newer
 _gauges: tuple[Any, Any, Any] | None = None  # info, state, needed: made once per process
 _warned = False
-
-
-def _renew_lock() -> None:
-    global _lock
-    _lock = threading.Lock()  # one held by a thread the child does not have would hang its next publish
-
-
-os.register_at_fork(after_in_child=_renew_lock)
 
 
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
@@ -55,7 +42,7 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
     if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
         return
     try:
-        with _lock:
+        with state.lock:
             info, states, needed = _gauges or _make(module, source, records)
             info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
             for row in state.judge(records)["patches"]:
@@ -94,7 +81,7 @@ class _AtScrape:
         self.source, self.records = source, records
 
     def collect(self) -> list[Any]:
-        if not _lock.locked():  # a scrape during a publish reads what that publish writes
+        if not state.lock.locked():  # a scrape during a publish (or a state change) reads what it writes
             publish(self.source, self.records)
         return []
 

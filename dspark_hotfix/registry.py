@@ -19,8 +19,6 @@ itself); its record then reads ``failed``. Nothing unwraps vLLM's functions in
 a running process: ``DSPARK_HOTFIX=0`` and a restart do.
 """
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import importlib
@@ -62,11 +60,7 @@ class Activation:
         self.done = threading.Event()  # every hook is registered (or activation gave up)
 
 
-# Guards `_active` and every state change. Never held while wrapt, vLLM's code
-# or an import runs: hooks run under their module's import lock, and a thread
-# holding this lock while waiting for that module would hang both.
-_lock = threading.Lock()
-_active: Activation | None = None
+_active: Activation | None = None  # guarded by state.lock
 
 
 def _before_fork() -> None:
@@ -80,8 +74,7 @@ def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
     the fork would hang every import in the child. An activation the wait gave up on is dropped:
     the child starts afresh on its own (its hooks, registered or not, then do nothing)."""
-    global _lock
-    _lock = threading.Lock()
+    state.lock = threading.Lock()  # (the gauges' too)
     if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
     if _active is not None and not _active.done.is_set():
@@ -97,7 +90,7 @@ def activate(source: str) -> None:
     the first, and an interrupt leaves no activation behind. With ``DSPARK_HOTFIX``
     off (only ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
     global _active
-    with _lock:
+    with state.lock:
         activation, mine = _active, _active is None
         if mine:
             activation = _active = Activation(source)
@@ -152,7 +145,7 @@ def _register(activation: Activation) -> None:
         for record in activation.records.values():
             _set_state(activation, record, FAILED, None, why)
         _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
-                                f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
+                                f"set {dspark_hotfix.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
 
 
 def _copyable(importer: Any) -> None:
@@ -201,7 +194,7 @@ def _report(activation: Activation) -> None:
     Then, once every other patch is judged, the registry imports an ``everywhere`` patch's
     module where vLLM did not: a tensor-parallel worker may never import the KV-cache
     grouping. So every process kind gives one verdict."""
-    with _lock:
+    with state.lock:
         line = state.line(activation.records.values()) if activation.enabled else None
         new, activation.said = line != activation.said, line or activation.said
     if line is not None and new:
@@ -243,11 +236,11 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
             target: tuple[Any, str, Any] | None = None) -> str | None:
     """Record the one decision on ``record``, exactly once, where the switches
     allow it; wrap vLLM's function if it is to be patched."""
-    with _lock:
+    with state.lock:
         if record.state != PENDING:
             return None
         if not activation.enabled:
-            word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
+            word, why = DISABLED, f"{dspark_hotfix.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         elif word == PATCHED and target is not None:
@@ -345,7 +338,7 @@ def status() -> dict[str, Any]:
     if activation is not None:
         records, source = list(activation.records.values()), activation.source
     else:
-        off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
+        off = f"{dspark_hotfix.ENABLE}={dspark_hotfix.shown(os.environ.get(dspark_hotfix.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
         records = [Record(p, PENDING, "waiting for vLLM to be imported") if watcher else Record(p, DISABLED, why)
                    for p in ALL]

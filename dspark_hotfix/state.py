@@ -6,11 +6,10 @@ line, ``status()``, ``dspark-hotfix status`` and ``doctor``, and ``/metrics``.
 So they cannot disagree. It imports nothing of the shim but the switches.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import sys
+import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -19,6 +18,12 @@ import dspark_hotfix
 from dspark_hotfix import config
 
 SCHEMA = 2  # of status() and the commands' JSON
+
+# Guards every state change (the registry's) and every publish of the states (the gauges': a slower
+# one must not write older states over newer). Never held while wrapt, vLLM's code or an import
+# runs: hooks run under their module's import lock, and a thread holding this lock while waiting
+# for that module would hang both. The registry renews it in a forked child.
+lock = threading.Lock()
 
 # A patch's state in this process.
 PENDING = "pending"  # not judged yet: its module is not imported
@@ -102,8 +107,8 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
               if r["state"] == EXCLUDED and r["needed"]]
     off = [r["name"] for r in rows if r["state"] == DISABLED and r["needed"]]
     if off:
-        value = dspark_hotfix.shown(os.environ.get(config.ENABLE))
-        found.append(f"{', '.join(off)} needed but {config.ENABLE}={value} turns the shim off")
+        value = dspark_hotfix.shown(os.environ.get(dspark_hotfix.ENABLE))
+        found.append(f"{', '.join(off)} needed but {dspark_hotfix.ENABLE}={value} turns the shim off")
     return found
 
 

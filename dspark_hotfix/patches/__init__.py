@@ -43,8 +43,6 @@ kv_cache_groups (a stop)
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 """
 
-from __future__ import annotations
-
 from dspark_hotfix.patches import (
     attention_kv_cache_spec,
     kv_cache_groups,

@@ -8,8 +8,6 @@ vLLM would not survive raises :class:`Finding`, and the registry alone decides
 what that means.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple

@@ -15,8 +15,6 @@ silently over the padded pages, and FlashMLA rejects it:
 ``kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)``.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import sys
 from collections.abc import Callable

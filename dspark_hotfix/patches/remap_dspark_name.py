@@ -22,8 +22,6 @@ Removal: with any released vLLM (>= 0.25.0); ``dspark-hotfix status`` then
 reports ``not_needed``.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable
 from types import SimpleNamespace

@@ -23,8 +23,6 @@ Removal: once the fleet runs a vLLM that carries PR #47716 (any release from
 0.25.0 on); ``dspark-hotfix status`` then reports ``not_needed``.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any

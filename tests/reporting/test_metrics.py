@@ -234,21 +234,21 @@ def promtool() -> str:
     return str(binary)
 
 
-# A child forked while another thread of the parent publishes: a metrics lock held at the fork.
+# A child forked while another thread of the parent publishes: the state lock held at the fork.
 FORKED = """
 import json, os, threading, prometheus_client, vllm
-import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention
-import dspark_hotfix.metrics as metrics
+import vllm.v1.core.kv_cache_utils, vllm.v1.attention.backends.mla.sparse_swa
+import dspark_hotfix.state as state
 held, done = threading.Event(), threading.Event()
 def publishing():  # what a thread mid-publish looks like to a fork
-    with metrics._lock:
+    with state.lock:
         held.set()
         done.wait()
 threading.Thread(target=publishing, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
-    import vllm.v1.attention.backends.mla.sparse_swa  # a decision in the child (the SWA patch): it publishes
+    import vllm.models.deepseek_v4.attention  # decisions in the child (and the remap's module): they publish
     from prometheus_client import generate_latest
     info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
     print(json.dumps(info), flush=True)
