@@ -49,19 +49,15 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
         return spec
     if holds_layout(spec, quant_mode):
         return spec
+    layout = {  # set where the spec's class has the field
+        "cache_dtype_str": CACHE_DTYPE,
+        "alignment": PAGE_ALIGNMENT,
+        "page_size_padded": None,  # derived from the alignment in __post_init__
+        "model_version": getattr(spec, "model_version", None) or MODEL_VERSION,
+        "state_content_bytes": getattr(spec, "state_content_bytes", None) or BYTES_PER_TOKEN,
+    }
     fields = {f.name for f in dataclasses.fields(spec) if f.init}
-    changes: dict[str, Any] = {"kv_quant_mode": quant_mode}
-    if "cache_dtype_str" in fields:
-        changes["cache_dtype_str"] = CACHE_DTYPE
-    if "alignment" in fields:
-        changes["alignment"] = PAGE_ALIGNMENT
-    if "page_size_padded" in fields:  # derived from the alignment in __post_init__
-        changes["page_size_padded"] = None
-    if "model_version" in fields and spec.model_version is None:
-        changes["model_version"] = MODEL_VERSION
-    if "state_content_bytes" in fields and spec.state_content_bytes is None:
-        changes["state_content_bytes"] = BYTES_PER_TOKEN
-    fixed = dataclasses.replace(spec, **changes)
+    fixed = dataclasses.replace(spec, kv_quant_mode=quant_mode, **{k: v for k, v in layout.items() if k in fields})
     got = runner_bytes_per_token(fixed)
     if got != BYTES_PER_TOKEN or fixed.page_size_bytes % PAGE_ALIGNMENT:
         raise CorrectionFailed(
