@@ -36,8 +36,7 @@ _warned = False
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
     """Set the gauges to the records' states; nothing until ``prometheus_client`` has run. Also
     wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its import."""
-    if module is None and not getattr(getattr(sys.modules.get("prometheus_client"), "__spec__", None),
-                                      "_initializing", True):
+    if module is None and "prometheus_client" in sys.modules and not state.running("prometheus_client"):
         module = sys.modules["prometheus_client"]
     if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
         return

@@ -164,17 +164,13 @@ def _copyable(importer: Any) -> None:
         chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
 
 
-def _initializing(name: str) -> bool:
-    return bool(getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False))
-
-
 def _wait_for(name: str) -> bool:
     """Wait for a module another thread is importing, as hooks judge whole modules.
     False where this very thread is importing it, further up: no hook can judge it."""
-    if _initializing(name):
+    if state.running(name):
         with contextlib.suppress(Exception):  # (its own error is vLLM's to meet)
             importlib.import_module(name)
-    return not _initializing(name)
+    return not state.running(name)
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:

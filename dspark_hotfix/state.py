@@ -75,6 +75,11 @@ def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
     return owner, name, vars(owner).get(name) if isinstance(owner, (type, types.ModuleType)) else None
 
 
+def running(module: str) -> bool:
+    """Whether the module is imported, but its code is still running (further up a thread)."""
+    return bool(getattr(getattr(sys.modules.get(module), "__spec__", None), "_initializing", False))
+
+
 def still_called(record: Record) -> bool:
     """Whether vLLM's attribute is the wrapper, or another tool's wrapper around it."""
     function = attribute(sys.modules.get(record.patch.module), record.patch.qualname)[2]
