@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from tests.real_vllm.venvs import cache_dir, ensure_venv  # noqa: E402
 
 STANDIN = REPO / "tests" / "standin"
+STARTUP = REPO / "dspark_hotfix" / "startup"  # what `dspark-hotfix path` prints
 OUT = REPO / "docs" / "BENCHMARKS.md"
 VLLM = "0.25.0"
 IMPORT = "import vllm.models.deepseek_v4.attention"
@@ -105,11 +106,12 @@ def self_times(stderr: str) -> dict[str, int]:
 def compile_shim(python: str) -> None:
     targets = [REPO / "dspark_hotfix", REPO / "sitecustomize.py", STANDIN]
     output([python, "-m", "compileall", "-q", *map(str, targets)], environ("B"))
-    # Proof that the start-up module now loads from .pyc: `-v` names each file it unmarshals.
-    log = output([python, "-v", "-c", "pass"], environ("A")).stderr
-    loaded = [line for line in log.splitlines() if line.startswith("# code object from") and str(REPO) in line]
-    if not any("sitecustomize.cpython-" in line for line in loaded):
-        raise SystemExit(f"sitecustomize is not loaded from a .pyc by {python}:\n" + "\n".join(loaded))
+    # Proof that the start-up module now loads from .pyc, from either directory: `-v` names each file it unmarshals.
+    for env in (environ("A"), {**environ("B"), "PYTHONPATH": str(STARTUP)}):
+        log = output([python, "-v", "-c", "pass"], env).stderr
+        loaded = [line for line in log.splitlines() if line.startswith("# code object from") and str(REPO) in line]
+        if not any("sitecustomize.cpython-" in line for line in loaded):
+            raise SystemExit(f"sitecustomize is not loaded from a .pyc by {python}:\n" + "\n".join(loaded))
 
 
 def row(label: str, values: list[float], fmt: str) -> str:
@@ -185,9 +187,11 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
     shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", bare / "sitecustomize.py")
     no_bytecode = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
     no_bytecode.update(PYTHONPATH=str(bare), PYTHONDONTWRITEBYTECODE="1")
-    arms = {"A": environ("A"), "B": environ("B"), "C": environ("C"), "N": no_bytecode}
-    # Whether the start-up hook watches for vLLM, and whether the package (read only where DSPARK_HOTFIX is set)
-    # or wrapt loaded.
+    # A and C as operators run it: the start-up directory that `dspark-hotfix path` prints, on PYTHONPATH.
+    startup = {**environ("B"), "PYTHONPATH": str(STARTUP)}
+    arms = {"A": startup, "B": environ("B"), "C": {**startup, "DSPARK_HOTFIX": "0"}, "N": no_bytecode}
+    # Whether the start-up hook watches for vLLM, and whether the package (read only where DSPARK_HOTFIX is set,
+    # and not to 1) or wrapt loaded.
     probe = ("import sys; print(json.dumps([any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)] + "
              "[m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))")
     seen = {arm: last_json(output([python, "-c", "import json; " + probe], env).stdout) for arm, env in arms.items()}
@@ -210,8 +214,8 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "## 1. Interpreter start of a process that never imports vLLM",
         "",
         f"`{shown(python)} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds. "
-        "A: `PYTHONPATH=<repo>`; "
-        "B: no `PYTHONPATH`; C: `PYTHONPATH=<repo> DSPARK_HOTFIX=0` (an operator's B arm, for reference); "
+        "A: `PYTHONPATH=<repo>/dspark_hotfix/startup` (what `dspark-hotfix path` prints); "
+        "B: no `PYTHONPATH`; C: A with `DSPARK_HOTFIX=0` (an operator's B arm, for reference); "
         "N: A from a copy of the shim without bytecode, under `PYTHONDONTWRITEBYTECODE=1` (a read-only volume or "
         "checkout: the start-up module is compiled at every start).",
         "",
@@ -235,7 +239,7 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "",
         "`-X importtime` self time of the modules imported at start-up, median of "
         f"{plan['importtime']} runs each (µs; `sitecustomize` in B is `site` looking for one and finding none, "
-        "in A ours plus the chained look-up of the one it shadows):",
+        "in A ours, with its search for one it shadows):",
         "",
         "| module | A | B |",
         "|---|---|---|",
