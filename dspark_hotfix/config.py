@@ -46,8 +46,7 @@ def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[st
 class Settings:
     """The switches of this process, with the complaints their values raised."""
 
-    def __init__(self, known: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
+    def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
         self.strict = (env.get(STRICT) or "").strip().lower() in TRUE_WORDS
         self.selected, self.unknown = parse_selection(env.get(PATCHES), known)  # unknown: ignored, warned
         self.problems = [p for p in (switch_problem(ENABLE, env.get(ENABLE), "the shim is OFF"),

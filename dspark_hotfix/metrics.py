@@ -36,13 +36,15 @@ _warned = False
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
     """Set the gauges to the records' states; nothing until ``prometheus_client`` has run. Also
     wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its import."""
-    if module is None and "prometheus_client" in sys.modules and not state.running("prometheus_client"):
-        module = sys.modules["prometheus_client"]
+    global _gauges, _warned
+    if module is None and not state.running("prometheus_client"):
+        module = sys.modules.get("prometheus_client")
     if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
         return
     try:
         with state.lock:
-            info, states, needed = _gauges or _make(module, source, records)
+            _gauges = _gauges or _make(module, source, records)
+            info, states, needed = _gauges
             info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
             for row in state.judge(records)["patches"]:
                 for word in state.STATES:
@@ -50,7 +52,6 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 if row["state"] != state.PENDING:
                     needed.labels(row["name"]).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
-        global _warned
         if not _warned:
             _warned = True
             state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
@@ -58,11 +59,10 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
 
 
 def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, Any, Any]:
-    global _gauges
     # Registered first, so that a scrape of the default registry publishes before it reads the gauges.
     module.REGISTRY.register(_AtScrape(source, records))
     mode = "liveall"  # per process: see above
-    _gauges = (
+    return (
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
                      "what activated it", ["version", "activated_by"], multiprocess_mode=mode),
         module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
@@ -70,7 +70,6 @@ def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[An
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
                      "process: 1 yes, 0 no, -1 not judged", ["patch"], multiprocess_mode=mode),
     )
-    return _gauges
 
 
 class _AtScrape:
