@@ -352,7 +352,8 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], 
         "",
         f"Peak RSS, A - B of the medians: **{rss_delta * 1024:+.0f} KiB**, of which wrapt alone "
         f"{wrapt_delta * 1024:+.0f} KiB (imported only for its post-import hooks: the shim's wrappers are plain "
-        f"functions, and on {VLLM} it wraps nothing). The venv has wrapt {installed}, what the Dockerfile "
+        f"functions, and on {VLLM} it wraps {sum(s == 'patched' for s in states.values())} of its "
+        f"{len(states)} targets). The venv has wrapt {installed}, what the Dockerfile "
         "installs where an image has none. "
         f"An image that already has wrapt keeps it: with wrapt {newest_version}, whose package import loads "
         f"more modules, A - B is {newest_delta * 1024:+.0f} KiB, which is why the Dockerfile does not install "
@@ -391,7 +392,7 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
         f"Best of {standin['repeats']} interleaved timeit loops per arm and case, calling through the class as "
         "vLLM's call sites do (`self.m(x)`), with the class attribute switched between the shim's wrapper and "
         "vLLM's function. Stand-in build (the reported defect): wrapped by the registry at import, its probes "
-        f"having found the defect. vLLM {VLLM}: the shim wraps nothing there (the release is right), so the "
+        f"having found the defect. vLLM {VLLM}: the shim wraps none of them there (the release is right), so the "
         "wrapper is built as the registry builds it, `registry._wrap` around vLLM's own function (found and "
         "signature-checked by `registry.resolve`), and put on the class only while it is timed: what a wrap "
         "would cost there. Reported as measured; no target.",

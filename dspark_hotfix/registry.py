@@ -145,7 +145,7 @@ def _register(activation: Activation) -> None:
         for record in activation.records.values():
             _set_state(activation, record, FAILED, None, why)
         _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
-                                f"set {dspark_hotfix.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
+                                f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
 
 
 def _copyable(importer: Any) -> None:
@@ -236,7 +236,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
         if record.state != PENDING:
             return None
         if not activation.enabled:
-            word, why = DISABLED, f"{dspark_hotfix.ENABLE} turns the shim off; {why}"
+            word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         elif word == PATCHED and target is not None:
@@ -334,7 +334,7 @@ def status() -> dict[str, Any]:
     if activation is not None:
         records, source = list(activation.records.values()), activation.source
     else:
-        off = f"{dspark_hotfix.ENABLE}={dspark_hotfix.shown(os.environ.get(dspark_hotfix.ENABLE))} turns the shim off"
+        off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
         records = [Record(p, PENDING, "waiting for vLLM to be imported") if watcher else Record(p, DISABLED, why)
                    for p in ALL]

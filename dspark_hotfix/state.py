@@ -112,8 +112,8 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
               if r["state"] == EXCLUDED and r["needed"]]
     off = [r["name"] for r in rows if r["state"] == DISABLED and r["needed"]]
     if off:
-        value = dspark_hotfix.shown(os.environ.get(dspark_hotfix.ENABLE))
-        found.append(f"{', '.join(off)} needed but {dspark_hotfix.ENABLE}={value} turns the shim off")
+        value = dspark_hotfix.shown(os.environ.get(config.ENABLE))
+        found.append(f"{', '.join(off)} needed but {config.ENABLE}={value} turns the shim off")
     return found
 
 
