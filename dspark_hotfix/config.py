@@ -7,12 +7,10 @@ warning, quoting at most a few names or characters of what it was set to: the
 warning is printed by every process of a serving image.
 """
 
-import functools
 import os
 from collections.abc import Iterable, Mapping
 
-from dspark_hotfix import ENABLE, TRUE_WORDS, shown, switch_problem
-from dspark_hotfix.patches import ALL
+from dspark_hotfix import ENABLE, TRUE_WORDS, patches, shown, switch_problem
 
 PATCHES = "DSPARK_HOTFIX_PATCHES"
 STRICT = "DSPARK_HOTFIX_STRICT"
@@ -53,7 +51,6 @@ class Settings:
                                      switch_problem(STRICT, env.get(STRICT), "strict mode is off")) if p]
 
 
-@functools.cache
 def settings() -> Settings:
-    """This process's switches, read once."""
-    return Settings(p.name for p in ALL)
+    """The switches, read now, for the patch set ``patches.ALL`` holds now."""
+    return Settings(p.name for p in patches.ALL)

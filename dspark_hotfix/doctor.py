@@ -17,8 +17,7 @@ import sys
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, registry, state
-from dspark_hotfix.patches import ALL
+from dspark_hotfix import config, patches, registry, state
 
 PLUGIN_NAME = "dspark_hotfix"
 FLAGS = (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated"))  # each keeps the start-up hook out
@@ -79,7 +78,7 @@ def report(source: str) -> dict[str, Any]:
         except Exception as exc:
             problems.append(f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})")
         else:
-            for module in dict.fromkeys(p.module for p in ALL):  # activated as in the server, where it is
+            for module in dict.fromkeys(p.module for p in patches.ALL):  # activated as in the server, where it is
                 try:
                     importlib.import_module(module)
                 except Exception as exc:

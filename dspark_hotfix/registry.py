@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, metrics, state
-from dspark_hotfix.patches import ALL, Finding, Patch
+from dspark_hotfix import config, metrics, patches, state
+from dspark_hotfix.patches import Finding, Patch
 from dspark_hotfix.state import DISABLED, EXCLUDED, FAILED, NOT_NEEDED, PATCHED, PENDING, Record, log
 
 
@@ -55,7 +55,7 @@ class Activation:
     def __init__(self, source: str) -> None:
         self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ""  # said: the last line's state
         self.settings = config.settings()
-        self.records = {p.name: Record(p) for p in ALL}
+        self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.thread = threading.get_ident()
         self.done = threading.Event()  # every hook is registered (or activation gave up)
 
@@ -337,8 +337,8 @@ def status() -> dict[str, Any]:
         off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
         records = [Record(p, PENDING, "waiting for vLLM to be imported") if watcher else Record(p, DISABLED, why)
-                   for p in ALL]
-    report = state.judge(records)
+                   for p in patches.ALL]
+    report, settings = state.judge(records), activation.settings if activation else config.settings()
     return {"schema": state.SCHEMA, "version": dspark_hotfix.__version__, "pid": os.getpid(), "activated_by": source,
-            "enabled": dspark_hotfix.enabled(), "strict": config.settings().strict, **report,
+            "enabled": dspark_hotfix.enabled(), "strict": settings.strict, **report,
             "exit_code": state.exit_code(report)}

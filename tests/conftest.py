@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import dspark_hotfix
+import dspark_hotfix.patches
 from dspark_hotfix.patches import ALL
 from tests.cases import CASES, PATCHES, SWA, module_file
 
@@ -78,6 +81,65 @@ def standin_modules():
         sys.path.remove(str(STANDIN))
         for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
             del sys.modules[name]
+
+
+class Shim:
+    """The shim in this very process, on the toy patches and the stand-in build (the ``toys`` fixture)."""
+
+    def __init__(self, log: io.StringIO) -> None:
+        self.log = log
+
+    def lines(self, level: str = "INFO") -> list[str]:
+        """The shim's log lines of ``level`` so far, without level and timestamp."""
+        return log_lines(self.log.getvalue(), level)
+
+    def summaries(self) -> list[str]:
+        return summary_lines(self.log.getvalue())
+
+    def status(self) -> dict[str, dict]:
+        """status()'s rows by patch name."""
+        return {row["name"]: row for row in dspark_hotfix.status()["patches"]}
+
+    def states(self) -> dict[str, str]:
+        return {name: row["state"] for name, row in self.status().items()}
+
+
+@pytest.fixture
+def toys(monkeypatch):
+    """The toy patches (tests/toys.py) as this process's patch set, with the stand-in build on ``sys.path``
+    and no activation yet; the switches come from ``monkeypatch.setenv``. Afterwards every trace is gone:
+    the stand-in's modules, the registry's activation, wrapt's pending hooks, finders the shim added, and
+    the gauges it made."""
+    from dspark_hotfix import metrics, registry, state
+
+    from tests import toys as toy_patches
+
+    for name in [k for k in os.environ if k.startswith("DSPARK_HOTFIX")]:
+        monkeypatch.delenv(name)
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", toy_patches.TOYS)
+    monkeypatch.setattr(registry, "_active", None)
+    monkeypatch.setattr(dspark_hotfix, "_enabled", None)
+    meta_path, log = list(sys.meta_path), io.StringIO()
+    stream = state._handler.setStream(log)
+    gauges = metrics._gauges
+    try:
+        yield Shim(log)
+    finally:
+        state._handler.setStream(stream)
+        sys.meta_path[:] = [f for f in sys.meta_path if f in meta_path or type(f).__name__ == "ImportHookFinder"]
+        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+            del sys.modules[name]
+        importer = sys.modules.get("wrapt.importer")
+        for name in list(getattr(importer, "_post_import_hooks", {})):
+            if name == "prometheus_client" or name.startswith("vllm"):
+                del importer._post_import_hooks[name]  # type: ignore[union-attr]
+        if gauges is None and metrics._gauges is not None:
+            prometheus = sys.modules["prometheus_client"]
+            for collector in list(prometheus.REGISTRY._collector_to_names):
+                if collector in metrics._gauges or type(collector).__name__ == "_AtScrape":
+                    prometheus.REGISTRY.unregister(collector)
+            metrics._gauges = None
 
 
 @pytest.fixture(scope="session")

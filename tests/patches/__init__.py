@@ -1,0 +1,66 @@
+"""Each real patch's test knowledge lives in one module: ``tests/patches/test_<name>.py``.
+
+Beside its own tests (its correction as a plain function, its properties), that module declares:
+
+``PATCH``
+    The patch (``dspark_hotfix.patches.<name>.PATCH``).
+``FIX``
+    Its upstream fix: ``(old, new)`` edits of its target module's file in a copy of the stand-in.
+``FAULTS``
+    Stand-in builds it does not expect, each a :class:`Fault`.
+``RELEASED``
+    Its state on each real vLLM release the real tier installs (``tests/real_vllm/venvs.py``).
+``REVERT``
+    The :class:`Revert` edits that re-create the reported build from vLLM 0.25.0 for it
+    (``tests/real_vllm/revert.py`` applies them; its state there is ``patched``). Empty: none.
+
+``tests/patches/test_every_patch.py`` runs the same tests over ``dspark_hotfix.patches.ALL`` from these
+declarations. Nothing else in tests/ names a real patch: adding one is its module, its entry in ``ALL``,
+its test module and its stand-in edit; removing one is the reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from dspark_hotfix.patches import Patch
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A stand-in build the patch does not expect: the stand-in with ``edits`` (file -> (old, new) pairs)."""
+
+    edits: dict[str, list[tuple[str, str]]]
+    detail: str  # what the patch's status detail must say
+    at_call: bool = False  # the correction fails when vLLM calls the function, not at import
+    remove: tuple[str, ...] = field(default=())  # files taken out of the copy
+
+
+@dataclass(frozen=True)
+class Revert:
+    """One line of a released vLLM changed back to the reported build's."""
+
+    path: str  # inside the vllm package
+    function: str  # Class.method holding the line
+    line: str  # the line as it reads in the release, without its indentation
+    replacement: str | None  # None: the line is dropped
+
+
+def declared(patch: Patch) -> ModuleType:
+    """The test module of ``patch``: tests/patches/test_<name>.py."""
+    return importlib.import_module(f"tests.patches.test_{patch.name}")
+
+
+def module_file(patch: Patch) -> str:
+    """The file of ``patch``'s target module inside the stand-in build (or a vLLM package's parent)."""
+    return patch.module.replace(".", "/") + ".py"
+
+
+def fixed_edits(patches: tuple[Patch, ...] | list[Patch]) -> dict[str, list[tuple[str, str]]]:
+    """The stand-in edits of the upstream fixes of ``patches``, by file; two patches on one module both apply."""
+    edits: dict[str, list[tuple[str, str]]] = {}
+    for patch in patches:
+        edits.setdefault(module_file(patch), []).extend(declared(patch).FIX)
+    return edits

@@ -14,8 +14,26 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dspark_hotfix.patches.remap_dspark_name import PATCH as REMAP
-from dspark_hotfix.patches.remap_dspark_name import remap_dspark_name
+from dspark_hotfix.patches.remap_dspark_name import PATCH, remap_dspark_name
+from tests.patches import Fault, Revert, module_file
+
+REMAP = PATCH
+FILE = module_file(PATCH)
+# The released remap (every dspark.py from 0.25.0 on).
+FIX = [("{self.config.num_hidden_layers + stage}", "{stage}")]
+FAULTS = {
+    "draft class renamed": Fault({"*": [("DSparkDeepseekV4ForCausalLM", "DSparkDraftForCausalLM")]},
+                                 "has no class DSparkDeepseekV4ForCausalLM"),
+    "remap method renamed": Fault({FILE: [("_remap_dspark_name", "_remap_checkpoint_name")]},
+                                  "DSparkDeepseekV4ForCausalLM defines no _remap_dspark_name"),
+    "remap signature changed": Fault(
+        {FILE: [("def _remap_dspark_name(self, name)", "def _remap_dspark_name(self, name, *, stage_offset=0)")]},
+        "unexpected signature"),
+}
+RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
+REVERT = (Revert("models/deepseek_v4/nvidia/dspark.py", "DSparkDeepseekV4ForCausalLM._remap_dspark_name",
+                 'return f"model.layers.{stage}.{rest}"',
+                 'return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"'),)
 
 N, K = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
 
