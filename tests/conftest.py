@@ -111,7 +111,6 @@ def toys(monkeypatch):
     the stand-in's modules, the registry's activation, wrapt's pending hooks, finders the shim added, and
     the gauges it made."""
     from dspark_hotfix import metrics, registry, state
-
     from tests import toys as toy_patches
 
     for name in [k for k in os.environ if k.startswith("DSPARK_HOTFIX")]:

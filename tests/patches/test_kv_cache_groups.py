@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-from dspark_hotfix.patches.kv_cache_groups import PATCH
-from tests.patches import Fault
-
-# vLLM 0.28.0's hybrid-off grouping keeps the layout (vllm#51612).
-FIX = [("compress_ratio=spec.compress_ratio,", "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")]
-FAULTS = {
-    "get_kv_quant_mode missing": Fault({"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(",
-                                                                          "def kv_quant_mode_for(")]},
-                                       "get_kv_quant_mode"),
-}
-# 0.25.0's hybrid-off grouping loses the layout (docs/evidence/hybrid-off.md); 0.33.0 groups elsewhere.
-RELEASED = {"0.25.0": "patched", "0.28.0": "not_needed", "0.33.0": "not_needed"}
-REVERT = ()  # the reported build's grouping is 0.25.0's
+from dspark_hotfix.patches.kv_cache_groups import PATCH  # noqa: F401  (declared: tests/patches/__init__.py)
 from tests.cases import PATCHES, STOP, method, module_file
 from tests.conftest import (
     FIXED,
@@ -27,6 +15,18 @@ from tests.conftest import (
     run_python,
     summary_lines,
 )
+from tests.patches import Fault
+
+# vLLM 0.28.0's hybrid-off grouping keeps the layout (vllm#51612).
+FIX = [("compress_ratio=spec.compress_ratio,", "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")]
+FAULTS = {
+    "get_kv_quant_mode missing": Fault({"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(",
+                                                                          "def kv_quant_mode_for(")]},
+                                       "get_kv_quant_mode"),
+}
+# 0.25.0's hybrid-off grouping loses the layout (docs/evidence/hybrid-off.md); 0.33.0 groups elsewhere.
+RELEASED = {"0.25.0": "patched", "0.28.0": "not_needed", "0.33.0": "not_needed"}
+REVERT = ()  # the reported build's grouping is 0.25.0's
 
 OFF = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run(False)))"
 CONNECTOR = f"""

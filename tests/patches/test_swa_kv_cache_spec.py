@@ -16,7 +16,7 @@ FAULTS = {
     "swa class renamed": Fault({"*": [("DeepseekV4SWACache", "DeepseekV4SlidingWindowCache")]},
                                "has no class DeepseekV4SWACache"),
     "swa method renamed": Fault({FILE: [("def get_kv_cache_spec(", "def kv_cache_spec(")],
-                                 "*": [("swa_cache.get_kv_cache_spec(", "swa_cache.kv_cache_spec(")]},  # warmup.py's call
+                                 "*": [("swa_cache.get_kv_cache_spec(", "swa_cache.kv_cache_spec(")]},  # warmup's
                                 "DeepseekV4SWACache defines no get_kv_cache_spec"),
     "get_kv_quant_mode missing": Fault({KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
                                        "get_kv_quant_mode"),
