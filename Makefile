@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint unit real-vllm coexist-test oci-test oci-real ray-test gpu-evidence bench dist clean
+.PHONY: demo test lint unit slow real-vllm coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,16 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff format --check harness
 	$(PY) -m mypy
 
-test: lint  ## everything CI runs: lint, types, unit, subprocess, OCI, Ray, real-vLLM and coexistence tiers
-	$(PY) -m pytest
+FAST := not real_vllm and not oci and not ray and not coexist
+SLOW := real_vllm or oci or ray or coexist
 
-unit: $(VENV)/.ready  ## the fast tiers only
-	$(PY) -m pytest -m "not real_vllm and not oci and not ray and not coexist"
+test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray and coexistence tiers
+
+unit: $(VENV)/.ready  ## the fast tiers only, in parallel
+	$(PY) -m pytest -n 2 -m "$(FAST)"
+
+slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix)
+	$(PY) -m pytest -m "$(SLOW)"
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm
@@ -42,6 +47,9 @@ oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see
 
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m ray
+
+evidence: $(VENV)/.ready  ## the committed records (docs/evidence) and docs/MATRIX.md against the harnesses that wrote them
+	$(PY) -m pytest harness/tests
 
 gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu/ (see harness/README.md)
 	$(PYTHON) -m harness.gpu_evidence prepare

@@ -8,6 +8,7 @@ Then it says which patch made each change, and what to do next.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
 sys.path.insert(0, str(REPO))
 
-from tests.cases import ATTENTION, REMAP, SWA  # noqa: E402  (the patches, by what they do)
+from dspark_hotfix.patches import ALL  # noqa: E402
 
 # The engine start, then what the shim did there: each patch's row, with its corrections.
 START = """
@@ -46,6 +47,12 @@ def draft_layers(report: dict) -> int:
     return sum(1 for name in report["loaded"] or () if name.startswith("model.layers."))
 
 
+def what(patch) -> str:
+    """What the patch repairs: the first line of its module's docstring, after its name."""
+    doc = importlib.import_module(f"dspark_hotfix.patches.{patch.name}").__doc__ or ""
+    return doc.strip().splitlines()[0].partition(": ")[2]
+
+
 def main() -> int:
     arms = {"DSPARK_HOTFIX=0": start(False), "DSPARK_HOTFIX=1": start(True)}
     print("Stand-in for vLLM 0.23.1rc1.dev788 (DeepSeek-V4-Flash-DSpark, --kv-cache-dtype fp8, dspark)\n")
@@ -63,19 +70,16 @@ def main() -> int:
     if not fixed:
         print("UNEXPECTED: see above.")
         return 1
-    done = {name: row["corrections"] for name, row in on["patches"].items()}
     print("What changed, and which patch changed it:")
-    print(f"   KV view width {width(off)} -> {width(on)} bytes/token: {SWA.name} corrected "
-          f"{done[SWA.name]} sliding-window specs,")
-    print(f"     {ATTENTION.name} {done[ATTENTION.name]} compressed-attention spec.")
-    print("     The build's specs lack kv_quant_mode, so the V2 runner views 584-byte rows as 512.")
-    print("     FlashMLA refuses that view: the RuntimeError above.")
-    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: {REMAP.name} corrected "
-          f"{done[REMAP.name]} names.")
-    print("     The second bug, and a silent one. The build loads mtp.{i}.* into model.layers.{43+i}.*,")
-    print("     which the draft does not have, so its loader skips them without a word.")
-    print("     The draft would run on random weights and accept almost nothing; the crash hides it.")
-    print("     Where the patch is not in place, the shim's line, status and doctor say problem.\n")
+    print(f"   KV view width {width(off)} -> {width(on)} bytes/token: FlashMLA runs where it refused the view.")
+    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its own weights.")
+    for patch in ALL:
+        row = on["patches"][patch.name]
+        if row["corrections"]:
+            n = row["corrections"]
+            print(f"   {patch.name} corrected {n} answer{'s' * (n != 1)} of {patch.qualname}:")
+            print(f"     {what(patch)}")
+    print("   Where a patch is not in place, the shim's line, status and doctor say problem.\n")
     print("Next: in your serving image, with the server's environment, run")
     print("   dspark-hotfix doctor")
     print("Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the launcher:")

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.patches import ALL
-from tests.cases import STOP
-from tests.conftest import REPO
+from harness.common import REPO
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,7 @@ def test_every_recorded_line_reads_back_as_its_counts(matrix):
 def test_a_matrix_is_not_written_where_two_records_disagree(matrix, tmp_path: Path, monkeypatch):
     shutil.copytree(matrix.EVIDENCE, tmp_path / "evidence", ignore=shutil.ignore_patterns("*-logs", "hybrid-off*"))
     hybrid = json.loads((matrix.EVIDENCE / "hybrid-off.json").read_text())
-    hybrid["versions"]["0.25.0"]["with_shim"]["status"]["patches"][STOP.name]["state"] = "not_needed"
+    hybrid["versions"]["0.25.0"]["with_shim"]["status"]["patches"]["kv_cache_groups"]["state"] = "not_needed"
     (tmp_path / "evidence" / "hybrid-off.json").write_text(json.dumps(hybrid))
     monkeypatch.setattr(matrix, "EVIDENCE", tmp_path / "evidence")
     with pytest.raises(SystemExit, match=r"0\.25\.0: hybrid-off\.json says"):
@@ -68,4 +67,3 @@ def test_the_patch_table_is_each_patch_in_order_with_its_removal(matrix):
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert cells[3] == f"`{patch.target}`" and cells[4], row
         assert cells[1] == ("stop" if patch.stops else "correction"), row
-

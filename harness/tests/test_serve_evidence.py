@@ -10,8 +10,7 @@ import pytest
 
 from dspark_hotfix import __version__ as VERSION
 from harness import serve_h200
-from tests.cases import REMAP, SPECS, STOP, method
-from tests.conftest import REPO as ROOT
+from harness.common import REPO as ROOT
 
 EVIDENCE = ROOT / "docs" / "evidence" / "serve-h200.json"
 
@@ -48,7 +47,7 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert servers["baseline-hma-off"]["reported_error"]
     assert [(o["outcome"], o["shim_summaries"]) for o in outcomes["shim-hma-off"]] == [("exited", 2)]
     stop = servers["shim-hma-off"]["first_error"]
-    assert stop.startswith(f"dspark_hotfix.registry.HotfixError: {STOP.name}: ")
+    assert stop.startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: ")
     assert "hybrid KV cache manager" in stop
     assert not servers["shim-hma-off"]["reported_error"]
     # call 47: one wave per run, pinned; every run made the same batches and every pair decoded alike
@@ -64,8 +63,10 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     bench = data["figures"]["bench"]["call52"]
     assert bench["all"]["pairs"] == 1 and bench["clean"] == {"pairs": 0} and bench["failed"] == 0
     assert all(n > 0 for arm in bench["jit_compiles"].values() for n in arm)
-    assert bench["pairs_with_the_same_spec_decode"] == 1 and bench["completed"] == {"fixed-plugin": [128],
-                                                                                    "baseline": [128]}
+    assert bench["pairs_with_the_same_spec_decode"] == 1 and bench["completed"] == {
+        "fixed-plugin": [128],
+        "baseline": [128],
+    }
     # the engine core no longer busy for the whole run, as in call 47's eager runs (1.015 to 1.019)
     assert all(share[1] < 0.6 for share in (b["engine_core_cpu_share"] for b in bench["bounds"].values()))
     assert all(b["engine_core_cpu_share"][0] > 1.0 for b in data["figures"]["bench"]["call47"]["bounds"].values())
@@ -81,8 +82,14 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
     # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at start-up
     assert all(pids == fixed["logged_processes"] for pids in fixed["with_the_shim"].values())
     assert fixed["activated_by"] == ["vllm-plugin"]
-    assert fixed["at_ready"] == {**{spec.name: 7 for spec in SPECS}, STOP.name: 1, REMAP.name: 0,
-                                 "kv_view_guard": 1, "draft_load_coverage": 0}  # shim 0.5.0's guards, removed since
+    assert fixed["at_ready"] == {
+        "attention_kv_cache_spec": 7,
+        "swa_kv_cache_spec": 7,
+        "kv_cache_groups": 1,
+        "remap_dspark_name": 0,
+        "kv_view_guard": 1,
+        "draft_load_coverage": 0,
+    }  # shim 0.5.0's guards, removed since
     (after,) = fixed["added_after_ready"].values()
     assert after == dict.fromkeys(fixed["logged_processes"], 0) and fixed["serving_calls"] == 0
     # baseline: no shim anywhere (the hook reads the shim, it never starts it)
@@ -337,7 +344,7 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     (tmp_path / "deps").symlink_to(sysconfig.get_paths()["purelib"])  # wrapt
     (tmp_path / "serve-bin").mkdir()
     fake = tmp_path / "serve-bin" / "vllm"
-    fake.write_text(FAKE_SERVER.format(python=python, remap=method(REMAP)))
+    fake.write_text(FAKE_SERVER.format(python=python, remap="_remap_dspark_name"))
     fake.chmod(0o755)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -363,14 +370,14 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     assert figure["with_the_shim"] == {"ready": sorted([api, core]), "after-bench": sorted([api, core])}
     assert figure["activated_by"] == ["vllm-plugin"]
     assert {p["hooks"] for p in ready.values()} == {1}  # one watcher in each process, the engine core's too
-    assert figure["at_ready"][REMAP.name] == 3 and sum(figure["at_ready"].values()) == 3
+    assert figure["at_ready"]["remap_dspark_name"] == 3 and sum(figure["at_ready"].values()) == 3
     assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1
     # /metrics as an SRE scrapes it: the API server's own gauges (one API server), at each reading
     metrics = server.record["metrics"]
     assert set(metrics) == {"ready", "after-bench"}
     for lines in metrics.values():
         assert f'dspark_hotfix_info{{activated_by="vllm-plugin",version="{VERSION}"}} 1.0' in lines
-        assert f'dspark_hotfix_patch_state{{patch="{REMAP.name}",state="patched"}} 1.0' in lines
-        assert f'dspark_hotfix_patch_needed{{patch="{REMAP.name}"}} 1.0' in lines
+        assert 'dspark_hotfix_patch_state{patch="remap_dspark_name",state="patched"} 1.0' in lines
+        assert 'dspark_hotfix_patch_needed{patch="remap_dspark_name"} 1.0' in lines
     figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])["metrics"]
     assert figured == {"call-1-02-fixed-plugin": {"arm": "fixed-plugin", **metrics}}
