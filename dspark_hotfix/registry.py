@@ -110,6 +110,7 @@ def activate(source: str) -> None:
     finally:
         activation.done.set()
     _report(activation)
+    _import_everywhere(activation)
 
 
 def _discard(activation: Activation) -> None:
@@ -179,17 +180,14 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
     try:
         _decide(activation, record, module)
         _report(activation)
+        _import_everywhere(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
         _refuse(module.__name__, str(exc))
         raise
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the log line and the gauges.
-
-    Then, once every other patch is judged, the registry imports an ``everywhere`` patch's
-    module where vLLM did not: a tensor-parallel worker may never import the KV-cache
-    grouping. So every process kind gives one verdict."""
+    """After a decision: the log line, where it changed, and the gauges."""
     with state.lock:
         line = state.line(activation.records.values()) if activation.enabled else None
         new, activation.said = line != activation.said, line or activation.said
@@ -198,12 +196,17 @@ def _report(activation: Activation) -> None:
                           f"{line}")
     if activation.enabled:
         metrics.publish(activation.source, activation.records.values())
-    records = activation.records.values()
-    if activation.done.is_set() and all(r.state != PENDING or r.patch.everywhere for r in records):
-        for r in records:
-            if r.state == PENDING and r.patch.everywhere and r.patch.module not in sys.modules:
-                with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
-                    importlib.import_module(r.patch.module)
+
+
+def _import_everywhere(activation: Activation) -> None:
+    """Once every other patch is judged, import an ``everywhere`` patch's module where vLLM did not:
+    a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
+    one verdict. Its hook then decides and reports."""
+    waiting = [r for r in activation.records.values() if r.state == PENDING]
+    if activation.done.is_set() and all(r.patch.everywhere for r in waiting):
+        for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
+            with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
+                importlib.import_module(module)
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
@@ -261,15 +264,22 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
 
 
 def _refuse(module: str, error: str) -> None:
-    """Strict mode: wrapt has dropped the hook whose HotfixError aborted ``module``'s
-    import (or there is no usable wrapt to hook it); this finder fails every retry of
-    that import the same way, instead of letting it load unpatched. Under the import
-    lock it only compares a name."""
-    def find_spec(fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname == module:
-            raise HotfixError(error)
+    """Strict mode: wrapt drops the hook whose HotfixError aborted ``module``'s import (and
+    without a usable wrapt there is no hook at all), so a retried import would load the module
+    unpatched. One finder fails every retry the same way; under the import lock it only looks
+    a name up."""
+    _refused.setdefault(module, error)
+    if _refuser not in sys.meta_path:
+        sys.meta_path.insert(0, _refuser)
 
-    sys.meta_path.insert(0, types.SimpleNamespace(find_spec=find_spec))
+
+def _find_refused(fullname: str, path: Any = None, target: Any = None) -> None:
+    if fullname in _refused:
+        raise HotfixError(_refused[fullname])
+
+
+_refused: dict[str, str] = {}  # module -> the error its import raised
+_refuser = types.SimpleNamespace(find_spec=_find_refused)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
