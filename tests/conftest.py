@@ -15,8 +15,6 @@ import pytest
 
 import dspark_hotfix
 import dspark_hotfix.patches
-from dspark_hotfix.patches import ALL
-from tests.cases import CASES, PATCHES, SWA, module_file
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -84,10 +82,10 @@ def standin_modules():
 
 
 class Shim:
-    """The shim in this very process, on the toy patches and the stand-in build (the ``toys`` fixture)."""
+    """The shim in this very process, on a patch set and a stand-in build (the ``shim`` fixture)."""
 
-    def __init__(self, log: io.StringIO) -> None:
-        self.log = log
+    def __init__(self, log: io.StringIO, root: Path) -> None:
+        self.log, self.root = log, root
 
     def lines(self, level: str = "INFO") -> list[str]:
         """The shim's log lines of ``level`` so far, without level and timestamp."""
@@ -104,41 +102,67 @@ class Shim:
         return {name: row["state"] for name, row in self.status().items()}
 
 
+def forget() -> None:
+    """This process as a fresh one would start, but for its patch set, ``sys.path`` and switches: no
+    activation, no module of the stand-in, no pending hook of wrapt's, and no gauges."""
+    from dspark_hotfix import metrics, registry
+
+    registry._active = None
+    dspark_hotfix._enabled = None
+    for name in [m for m in sys.modules if m in ("vllm", "warmup") or m.startswith("vllm.")]:
+        del sys.modules[name]
+    importer = sys.modules.get("wrapt.importer")
+    for name in list(getattr(importer, "_post_import_hooks", {})):
+        if name == "prometheus_client" or name.startswith("vllm"):
+            del importer._post_import_hooks[name]  # type: ignore[union-attr]
+    if metrics._gauges:
+        prometheus = sys.modules["prometheus_client"]
+        for collector in list(prometheus.REGISTRY._collector_to_names):
+            if collector in metrics._gauges or type(collector).__name__ == "_AtScrape":
+                prometheus.REGISTRY.unregister(collector)
+    metrics._gauges = None
+
+
 @pytest.fixture
-def toys(monkeypatch):
-    """The toy patches (tests/toys.py) as this process's patch set, with the stand-in build on ``sys.path``
-    and no activation yet; the switches come from ``monkeypatch.setenv``. Afterwards every trace is gone:
-    the stand-in's modules, the registry's activation, wrapt's pending hooks, finders the shim added, and
-    the gauges it made."""
-    from dspark_hotfix import metrics, registry, state
-    from tests import toys as toy_patches
+def shim(monkeypatch, tmp_path):
+    """``shim(patches, edits=None, remove=())``: ``patches`` as this process's patch set, with the stand-in
+    build (a copy with ``edits`` and without ``remove``, as :func:`edited_standin` makes it; none: the
+    stand-in as shipped) first on ``sys.path``, and no activation yet. Interpreter start is not what these
+    tests are about; the start-up paths have their own (tests/activation). The switches come from
+    ``monkeypatch.setenv``, set before the first activation. One build per test; afterwards every trace is
+    gone (:func:`forget`, and the finders the shim added)."""
+    from dspark_hotfix import state
 
     for name in [k for k in os.environ if k.startswith("DSPARK_HOTFIX")]:
         monkeypatch.delenv(name)
-    monkeypatch.syspath_prepend(str(STANDIN))
-    monkeypatch.setattr(dspark_hotfix.patches, "ALL", toy_patches.TOYS)
-    monkeypatch.setattr(registry, "_active", None)
-    monkeypatch.setattr(dspark_hotfix, "_enabled", None)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # `status` drops it from os.environ
+    forget()  # a build another test left would shadow this one
     meta_path, log = list(sys.meta_path), io.StringIO()
     stream = state._handler.setStream(log)
-    gauges = metrics._gauges
+    built: list[Shim] = []
+
+    def build(patches, edits=None, remove=()) -> Shim:
+        assert not built, "one stand-in build per test"
+        monkeypatch.setattr(dspark_hotfix.patches, "ALL", tuple(patches))
+        root = edited_standin(tmp_path / "standin", edits or {}, remove) if edits or remove else STANDIN
+        monkeypatch.syspath_prepend(str(root))
+        built.append(Shim(log, root))
+        return built[0]
+
     try:
-        yield Shim(log)
+        yield build
     finally:
         state._handler.setStream(stream)
         sys.meta_path[:] = [f for f in sys.meta_path if f in meta_path or type(f).__name__ == "ImportHookFinder"]
-        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-            del sys.modules[name]
-        importer = sys.modules.get("wrapt.importer")
-        for name in list(getattr(importer, "_post_import_hooks", {})):
-            if name == "prometheus_client" or name.startswith("vllm"):
-                del importer._post_import_hooks[name]  # type: ignore[union-attr]
-        if gauges is None and metrics._gauges is not None:
-            prometheus = sys.modules["prometheus_client"]
-            for collector in list(prometheus.REGISTRY._collector_to_names):
-                if collector in metrics._gauges or type(collector).__name__ == "_AtScrape":
-                    prometheus.REGISTRY.unregister(collector)
-            metrics._gauges = None
+        forget()
+
+
+@pytest.fixture
+def toys(shim):
+    """The toy patches (tests/toys.py) on the stand-in as shipped: the machinery's tests."""
+    from tests import toys as toy_patches
+
+    return shim(toy_patches.TOYS)
 
 
 @pytest.fixture(scope="session")
@@ -154,16 +178,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-# Helpers of the subprocess tests in every folder (activation, switches, patches, reporting, security).
-
-# Imports every patch's target module (an import line each, for run_python code), in the order of
-# vLLM's engine core: KV-cache grouping (the scheduler's), then the V2 runner, then the model.
-GROUPING, RUNNER = "vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"
-MODULES = tuple(dict.fromkeys((GROUPING, RUNNER, *sorted({p.module for p in ALL}))))
-IMPORT_ALL = "".join(f"import {m}\n" for m in MODULES)
-# The engine core's import order on vLLM 0.25.0: every target module but the V2 runner's, which comes
-# after the first line.
-ENGINE_CORE_FIRST = "".join(f"import {m}\n" for m in MODULES if m != RUNNER)
+# Helpers of the subprocess tests in every folder (activation, switches, reporting, security).
 
 # An expression, in a child's code: whether the start-up hook watches for vLLM in that process (it put its
 # VllmImportWatcher on sys.meta_path at interpreter start). Needs `import sys`.
@@ -174,6 +189,8 @@ import json as _json, sys as _sys, types as _types
 from dspark_hotfix.patches import ALL as _ALL
 
 def _depth(f):
+    if f is None:
+        return None
     n = 0
     while hasattr(f, '__wrapped__'):
         f, n = f.__wrapped__, n + 1
@@ -184,13 +201,12 @@ def _target(p):
     owner = _sys.modules[p.module]
     for part in owners:
         owner = getattr(owner, part)
-    return vars(owner)[name]
+    return vars(owner).get(name)
 
 print(_json.dumps({p.name: _depth(_target(p)) for p in _ALL if p.module in _sys.modules}))
 """
-"""Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain
-function in its class's (or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no
-plain function underneath."""
+"""Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain function in its class's
+(or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one."""
 
 
 def log_lines(stderr: str, level: str) -> list[str]:
@@ -212,10 +228,6 @@ def summary_lines(stderr: str) -> list[str]:
 def state_of(line: str) -> str:
     """A state line without its head (version, pid and activation path)."""
     return line.split(": ", 1)[1]
-
-
-# The line of a process that patched everything (the reverted stand-in, every target imported).
-ALL_PATCHED = f"fixing: {len(PATCHES)} patched ({', '.join(PATCHES)})"
 
 
 def json_lines(stdout: str) -> list[object]:
@@ -244,11 +256,6 @@ def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: 
     return root
 
 
-# The stand-in with the upstream fix of every patch (tests/cases.py: vllm-project/vllm PR #47716, the
-# released remap, and a hybrid-off grouping that keeps the layout, as vLLM 0.28.0's does).
-FIXED = {module_file(p): CASES[p.name].fix for p in ALL if CASES[p.name].fix}
-
-
 def listing(root: Path) -> dict[str, tuple[int, int]]:
     """Every entry under ``root`` with its size and modification time (ns)."""
     out = {}
@@ -272,35 +279,6 @@ def copy_of_shim(root: Path) -> Path:
 def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
     return subprocess.run(argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120)
-
-
-# Copies of the stand-in build, each a fixture of the tests that need it in several folders.
-
-@pytest.fixture
-def fixed_standin(tmp_path):
-    """The stand-in with the upstream fix: nothing for the shim to do."""
-    return edited_standin(tmp_path / "standin", FIXED)
-
-
-SWA_FILE = module_file(SWA)
-SWA_SIGNATURE = [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]
-
-
-@pytest.fixture
-def broken_standin(tmp_path):
-    """A copy of the stand-in whose SWA method has another signature."""
-    return edited_standin(tmp_path / "standin", {SWA_FILE: SWA_SIGNATURE})
-
-
-@pytest.fixture(scope="module")
-def standins(tmp_path_factory) -> dict[str, Path]:
-    """The stand-in as the reported build, fixed, and with the SWA method's signature changed."""
-    root = tmp_path_factory.mktemp("standins")
-    return {
-        "buggy": STANDIN,
-        "fixed": edited_standin(root / "fixed", FIXED),
-        "changed signature": edited_standin(root / "signature", {SWA_FILE: SWA_SIGNATURE}),
-    }
 
 
 # The wheel installed in a fresh venv, as an image would install it (both activation paths,
@@ -341,9 +319,6 @@ def startup_dir(venv: dict) -> Path:
     proc = run_in_venv(venv, args=("dspark-hotfix", "path"))
     assert proc.returncode == 0, proc.stderr
     return Path(proc.stdout.strip())
-
-
-WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))"
 
 
 CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it

@@ -1,12 +1,10 @@
-"""``dspark_hotfix.status()`` (schema 2) as the OCI and Ray tiers read it from another process."""
+"""``dspark_hotfix.status()`` (schema 2) as the OCI, Ray and coexistence tiers read it from another process."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.cases import CORRECTIONS
-
-FIXES = tuple(p.name for p in CORRECTIONS)
+import dspark_hotfix.patches
 
 
 def rows(status: dict[str, Any]) -> dict[str, dict]:
@@ -24,6 +22,13 @@ def pid(status: dict[str, Any]) -> int:
 
 
 def fixes_installed(status: dict[str, Any]) -> bool:
-    """The corrections are wrapped around vLLM's functions."""
+    """Every correction of ``patches.ALL`` (each patch but the stops) is wrapped around vLLM's function."""
     got = rows(status)
-    return all(got[name]["state"] == "patched" for name in FIXES)
+    fixes = [p.name for p in dspark_hotfix.patches.ALL if not p.stops]
+    return bool(fixes) and all(got[name]["state"] == "patched" for name in fixes)
+
+
+def import_targets() -> str:
+    """Lines of a child's code that import every patch's target module (``patches.ALL``), once each, in its
+    order: after them every patch is judged."""
+    return "".join(f"import {module}\n" for module in dict.fromkeys(p.module for p in dspark_hotfix.patches.ALL))

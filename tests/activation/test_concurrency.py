@@ -17,25 +17,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.cases import STOP, SWA
+from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAP_DEPTH, WRAPPED
 from tests.conftest import (
-    ALL_PATCHED,
     CHILD_TIMEOUT,
-    IMPORT_ALL,
-    PATCHES,
-    REPO,
     STANDIN,
     STATUS,
-    WRAP_DEPTH,
     child,
     last_json,
     state_of,
     summary_lines,
 )
+from tests.toys import GREETING, IMPORT, PLANNER, USE
 
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child
 RUNS = 5
-ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 def states(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
@@ -85,17 +80,17 @@ def assert_every_run_finishes_patched(procs: list[subprocess.CompletedProcess[st
     hung = [p for p in procs if p.returncode != 0]
     assert not hung, f"{len(hung)} of {len(procs)} runs hung (or failed); the first one's stderr:\n{hung[0].stderr}"
     for proc in procs:
-        assert states(proc) == ALL_INSTALLED, proc.stderr
-        assert state_of(summary_lines(proc.stderr)[-1]) == ALL_PATCHED, proc.stderr
+        assert states(proc) == JUDGED, proc.stderr
+        assert state_of(summary_lines(proc.stderr)[-1]) == JUDGED_LINE, proc.stderr
 
 
 # 1. A hang at start-up: activation ran in VllmImportWatcher.find_spec, under the global import lock.
 
-def test_first_deepseek_v4_import_while_another_thread_imports_wrapt_never_hangs():
-    # Another library imports wrapt in a second thread while vLLM imports DeepSeek-V4 in the main one:
+def test_first_vllm_import_while_another_thread_imports_wrapt_never_hangs():
+    # Another library imports wrapt in a second thread while vLLM's first module is imported in the main one:
     # activation imports wrapt too. Under the global import lock it waited for wrapt's module lock, while
     # the thread importing wrapt waited for the global import lock: a hang for good.
-    code = slow_import("wrapt", "second") + """
+    code = USE + slow_import("wrapt", "second") + """
 barrier = threading.Barrier(2)
 
 def second():
@@ -106,15 +101,15 @@ worker = threading.Thread(target=second, name="second")
 worker.start()
 barrier.wait()
 inside.wait(5)  # the second thread holds wrapt's module lock
-import vllm.models.deepseek_v4.attention  # the first DeepSeek-V4 import: activation
+import vllm.toy_model  # the first import of vLLM: activation
 worker.join()
-""" + IMPORT_ALL + STATUS
+""" + IMPORT + STATUS
     assert_every_run_finishes_patched(repeat(code))
 
 
-def test_status_called_in_another_thread_during_the_first_deepseek_v4_import_never_hangs():
+def test_status_called_in_another_thread_during_the_first_vllm_import_never_hangs():
     # A health check asks status() (which imports the registry) while the model loads.
-    code = slow_import("dspark_hotfix.registry", "second") + """
+    code = USE + slow_import("dspark_hotfix.registry", "second") + """
 import dspark_hotfix
 barrier = threading.Barrier(2)
 seen = []
@@ -127,26 +122,24 @@ worker = threading.Thread(target=second, name="second")
 worker.start()
 barrier.wait()
 inside.wait(5)  # the second thread holds the registry's module lock
-import vllm.models.deepseek_v4.attention
+import vllm.toy_model
 worker.join()
 assert seen == [2], seen
-""" + IMPORT_ALL + STATUS
+""" + IMPORT + STATUS
     assert_every_run_finishes_patched(repeat(code))
 
 
 # 2. A half-done activation: a second caller went on before the hooks existed.
 
-LATE = f"""
+LATE = """
 import json, os, sys, threading, time
-import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention  # no sitecustomize: vLLM is imported, then
-# the shim is installed
-sys.path.append({str(REPO)!r})
-"""
+import vllm.toy_planner  # no sitecustomize: vLLM is imported, then the shim is installed
+""" + USE_LAST
 
 
 def test_plugin_in_a_second_thread_returns_only_once_the_hooks_exist_and_the_module_it_imports_is_patched():
     # The main thread activates (slowed down in its import of wrapt); meanwhile vLLM's plugin loader calls
-    # register() in another thread, which then imports a target's module (the SWA cache's)
+    # register() in another thread, which then imports a target's module (the toy greeting's)
     # and uses its target at once: it must find it patched.
     code = LATE + slow_import("wrapt", "MainThread") + """
 import dspark_hotfix, dspark_hotfix.plugin
@@ -155,8 +148,8 @@ seen = {}
 def plugin_loader():
     inside.wait(5)  # the main thread's activation is under way
     dspark_hotfix.plugin.register()
-    from vllm.v1.attention.backends.mla import sparse_swa
-    seen["wrapped"] = hasattr(sparse_swa.DeepseekV4SWACache.get_kv_cache_spec, "__wrapped__")
+    from vllm import toy_model
+    seen["wrapped"] = hasattr(toy_model.Greeter.greet, "__wrapped__")
     seen["states"] = {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}
 
 worker = threading.Thread(target=plugin_loader)
@@ -168,7 +161,7 @@ print(json.dumps(seen))
     proc = child(code, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
     seen = last_json(proc.stdout)
-    assert seen == {"wrapped": True, "states": ALL_INSTALLED}, proc.stderr
+    assert seen == {"wrapped": True, "states": JUDGED}, proc.stderr
 
 
 def fork_during_activation(hooks_before_fork: int, stall: float = 0.3) -> subprocess.CompletedProcess[str]:
@@ -177,7 +170,7 @@ def fork_during_activation(hooks_before_fork: int, stall: float = 0.3) -> subpro
     calls install() itself and writes its status and wrap depths to the parent, which prints them."""
     code = LATE + f"""
 import io, contextlib
-import vllm.v1.worker.gpu.attn_utils
+import vllm.toy_model
 import wrapt
 parent, inside, calls = os.getpid(), threading.Event(), []
 register = wrapt.register_post_import_hook
@@ -226,8 +219,8 @@ def test_a_child_forked_from_an_activation_that_outlasts_the_wait_starts_afresh_
     assert proc.returncode == 0, proc.stderr
     source, rows, depth = last_json(proc.stdout)
     assert source == "child", rows
-    assert {name: state for name, (state, _) in rows.items()} == ALL_INSTALLED, rows
-    assert depth == dict.fromkeys(PATCHES, 1)
+    assert {name: state for name, (state, _) in rows.items()} == JUDGED, rows
+    assert depth == WRAPPED
 
 
 @pytest.mark.parametrize("hooks_before_fork", [0, 2])
@@ -238,39 +231,38 @@ def test_a_fork_during_activation_waits_for_it_and_the_child_inherits_it_whole(h
     assert proc.returncode == 0, proc.stderr
     source, rows, depth = last_json(proc.stdout)
     assert source == "api", rows
-    assert {name: state for name, (state, _) in rows.items()} == ALL_INSTALLED, rows
-    assert depth == dict.fromkeys(PATCHES, 1)
+    assert {name: state for name, (state, _) in rows.items()} == JUDGED, rows
+    assert depth == WRAPPED
 
 
-@pytest.mark.parametrize(("module", "patch"), [(p.module, p.name) for p in (STOP, SWA)])
+@pytest.mark.parametrize(("module", "patch"), [(p.module, p.name) for p in (PLANNER, GREETING)])
 def test_a_module_another_thread_is_part_way_importing_when_the_plugin_registers_is_judged_whole(module, patch):
     # vLLM's plugin loader calls register() while another thread is still executing a target's module:
     # a hook that judged it then found no function and said not_needed; the patch must be judged on the
     # whole module, and applied where needed.
-    code = f"""
+    code = """
 import json, sys, threading
 import vllm  # vLLM first, then its plugin loader: no sitecustomize
-sys.path.append({str(REPO)!r})
-""" + slow_import(module, "second", pause=1.0) + f"""
+""" + USE_LAST + slow_import(module, "second", pause=1.0) + f"""
 import dspark_hotfix, dspark_hotfix.plugin
 worker = threading.Thread(target=lambda: __import__({module!r}), name="second")
 worker.start()
 inside.wait(5)  # the other thread holds the module's import lock, its body not yet run
 dspark_hotfix.plugin.register()
 worker.join()
-""" + IMPORT_ALL + STATUS
+""" + IMPORT + STATUS
     proc = child(code, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
     assert rows[patch]["state"] == "patched", rows[patch]
-    assert state_of(summary_lines(proc.stderr)[-1]) == ALL_PATCHED
+    assert state_of(summary_lines(proc.stderr)[-1]) == JUDGED_LINE
 
 
 def test_a_child_forked_while_wrapts_lock_is_held_still_imports():
     # wrapt's import finder takes its registration lock on every import, and wrapt does not renew it
     # after a fork: a child forked while another thread held it hung on its first import. The shim,
     # which put that finder there, gives the child a fresh one.
-    code = IMPORT_ALL + """
+    code = USE + IMPORT + """
 import os, threading, time, wrapt.importer
 held = threading.Event()
 

@@ -18,14 +18,12 @@ import tempfile
 import pytest
 
 import dspark_hotfix
+from tests.activation.children import AS_SHIPPED, CALLS, CORRECTED, JUDGED, UNWRAPPED, WRAP_DEPTH, WRAPPED
 from tests.conftest import (
-    IMPORT_ALL,
-    PATCHES,
     REPO,
     STANDIN,
     STATUS,
     WATCHING,
-    WRAP_DEPTH,
     clean_env,
     copy_of_shim,
     json_lines,
@@ -37,8 +35,7 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
-
-WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run()))\n"
+from tests.toys import IMPORT, NAMES, USE
 
 
 def states(stdout: str) -> dict[str, str]:
@@ -47,21 +44,24 @@ def states(stdout: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("flag", ["-S", "-E", "-I"])
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
-    # The code puts the shim and vLLM on sys.path itself, as an embedding application would.
-    code = f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + IMPORT_ALL + WRAP_DEPTH + STATUS
-    proc = run_python(code, flags=(flag,))
-    depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(PATCHES, 0)
+    # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM on
+    # sys.path itself, as an embedding application would.
+    code = (f"import sys; print(json.dumps([{WATCHING} or 'dspark_hotfix' in sys.modules]))\n"
+            f"sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + USE + IMPORT + WRAP_DEPTH + STATUS)
+    proc = run_python("import json\n" + code, flags=(flag,))
+    started, depth, rows = json_lines(proc.stdout)
+    assert started == [False]
+    assert depth == UNWRAPPED
     assert {(r["state"], r["detail"]) for r in rows.values()} == {("disabled", "not installed in this process")}
     assert proc.stderr == ""
 
 
 @pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])
 def test_safe_path_keeps_the_shim_active(flags, env):
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, flags=flags, env=env)
+    proc = run_python(USE + IMPORT + WRAP_DEPTH + STATUS, flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(PATCHES, 1)
-    assert {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == WRAPPED
+    assert {n: r["state"] for n, r in rows.items()} == JUDGED
 
 
 @pytest.fixture
@@ -78,9 +78,11 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     # Root ignores permissions, so compare listings; -B keeps the interpreter's
     # own bytecode cache out of the comparison: what remains would be the shim's.
     before = listing(read_only_shim)
-    proc = run_python(IMPORT_ALL + STATUS + WARMUP, path=(read_only_shim, STANDIN), flags=("-B",))
-    assert {r["state"] for r in json_lines(proc.stdout)[0].values()} == {"patched"}
-    assert last_json(proc.stdout)["error"] is None
+    # The toys come from the checkout, last on sys.path: the shim is the read-only copy's.
+    code = f"import sys; sys.path.append({str(REPO)!r})\n" + USE + IMPORT + STATUS + CALLS
+    proc = run_python(code, path=(read_only_shim, STANDIN), flags=("-B",))
+    assert {n: r["state"] for n, r in json_lines(proc.stdout)[0].items()} == JUDGED
+    assert last_json(proc.stdout) == CORRECTED
     assert listing(read_only_shim) == before
 
 
@@ -98,12 +100,13 @@ def read_only_mount_works() -> bool:
 @pytest.mark.skipif(not read_only_mount_works(), reason="needs unshare -m and a bind mount (CAP_SYS_ADMIN)")
 def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(read_only_shim), str(STANDIN)]))
-    code = IMPORT_ALL + STATUS + WARMUP + f"open({str(read_only_shim / 'probe')!r}, 'w')"
+    code = (f"import sys; sys.path.append({str(REPO)!r})\n" + USE + IMPORT + STATUS + CALLS
+            + f"open({str(read_only_shim / 'probe')!r}, 'w')")
     before = listing(read_only_shim)
     proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
-    rows, warmup = json_lines(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"patched"} and warmup["error"] is None
+    rows, calls = json_lines(proc.stdout)
+    assert {n: r["state"] for n, r in rows.items()} == JUDGED and calls == CORRECTED
     ours = [line for line in proc.stderr.splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and len(summary_lines(proc.stderr)) == 1  # nothing from the shim but its summary
     assert listing(read_only_shim) == before
@@ -115,9 +118,9 @@ def test_no_home_changes_nothing(home):
     env.pop("HOME", None)
     if home:
         env["HOME"] = home
-    proc = run_in_env([sys.executable, "-c", IMPORT_ALL + WRAP_DEPTH + STATUS], env)
+    proc = run_in_env([sys.executable, "-c", USE + IMPORT + WRAP_DEPTH + STATUS], env)
     depth, rows = json_lines(proc.stdout)
-    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
     assert warning_lines(proc.stderr) == []
 
 
@@ -136,23 +139,16 @@ def no_wrapt(request, tmp_path):
 def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     python, extra = no_wrapt
     path = (*extra, REPO, STANDIN)
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS + WARMUP, python=python, path=path)
-    depth, rows, warmup = json_lines(proc.stdout)
-    off = last_json(run_python(WARMUP, python=python, path=path, env={"DSPARK_HOTFIX": "0"}).stdout)
-    assert depth == dict.fromkeys(PATCHES, 0)
-    assert warmup == off  # vLLM as shipped, crash included
+    proc = run_python(USE + IMPORT + WRAP_DEPTH + STATUS + CALLS, python=python, path=path)
+    depth, rows, calls = json_lines(proc.stdout)
+    assert depth == UNWRAPPED
+    assert calls == AS_SHIPPED  # the toy build as shipped, its bugs included
     for row in rows.values():
         assert row["state"] == "failed" and "wrapt" in row["detail"], row
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt" in warnings[0] and "vLLM runs unpatched" in warnings[0]
     # The documented alert finds it: the process's last state line says problem.
-    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(PATCHES)} failed ("), proc.stderr
-
-
-@pytest.mark.parametrize("flag", ["-S", "-I"])
-def test_isolating_flags_start_cleanly_without_the_shim(flag):
-    proc = run_python(f"import sys; print({WATCHING} or 'dspark_hotfix' in sys.modules)", flags=(flag,))
-    assert proc.stdout.strip() == "False" and proc.stderr == ""
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(NAMES)} failed ("), proc.stderr
 
 
 @pytest.mark.parametrize("switch", [None, "1"], ids=["unset", "the Dockerfile's 1"])
@@ -172,8 +168,8 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
 def test_with_stderr_closed_interpreter_start_goes_on(value):
     # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
     env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
-    code = "import vllm.models.deepseek_v4.attention; print('ran')"
-    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}" 2>&-'], env=env, capture_output=True,
+    code = USE + "import vllm.toy_model; print('ran')"
+    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" 2>&-', code], env=env, capture_output=True,
                           text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
 

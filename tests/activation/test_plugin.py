@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST
 from tests.conftest import (
-    ALL_PATCHED,
-    IMPORT_ALL,
     STANDIN,
     STATUS,
     clean_env,
@@ -26,6 +25,7 @@ from tests.conftest import (
     state_of,
     summary_lines,
 )
+from tests.toys import IMPORT
 
 # VLLM_PLUGINS with a space: vLLM does not strip its entries.
 
@@ -49,8 +49,7 @@ def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv)
 
 
 def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):
-    code = ("import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils\n"
-            "import vllm.plugins; vllm.plugins.load_general_plugins()\n" + STATUS)
+    code = USE_LAST + IMPORT + "import vllm.plugins; vllm.plugins.load_general_plugins()\n" + STATUS
     proc = in_venv(venv, str(venv["python"]), "-c", code, VLLM_PLUGINS=SPACED)
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
@@ -58,26 +57,30 @@ def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(ve
     assert all(r["detail"] == "not installed in this process" for r in rows.values())
 
 
+PACKAGE = "import dspark_hotfix; print(dspark_hotfix.__file__)\n"
 PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
+# The toys from the checkout, put last on the child's path: the package is the wheel's, in the venv.
+TOYS = USE_LAST
 
 
 def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
-    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS + PACKAGE, path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
-    rows = last_json(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"patched"}
+    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert {n: r["state"] for n, r in rows.items()} == JUDGED
+    assert proc.stdout.splitlines()[-1].startswith(str(venv["purelib"]))  # the wheel's package, not the checkout's
     assert {r["activated_by"] for r in rows.values()} == {"vllm-plugin"}
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    proc = run_in_venv(venv, "import vllm\n" + PLUGINS + IMPORT_ALL + STATUS, path=(STANDIN,))
-    assert {r["state"] for r in last_json(proc.stdout).values()} == {"patched"}, proc.stderr
+    proc = run_in_venv(venv, TOYS + "import vllm\n" + PLUGINS + IMPORT + STATUS, path=(STANDIN,))
+    assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED, proc.stderr
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
                                           ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
-    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(STANDIN,), **env)
+    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert all(why in r["detail"] for r in rows.values())
@@ -85,8 +88,8 @@ def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
 
 
 def test_both_paths_share_one_installer(venv):
-    proc = run_in_venv(venv, IMPORT_ALL + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
+    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == ALL_PATCHED  # one activation's lines
+    assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == JUDGED_LINE  # one activation's lines
     assert len({line.split(" via ")[1] for line in summary_lines(proc.stderr)}) == len(summary_lines(proc.stderr))

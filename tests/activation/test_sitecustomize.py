@@ -13,15 +13,11 @@ import sys
 import pytest
 
 from dspark_hotfix import __version__
-from tests.cases import SWA
+from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAP_DEPTH, WRAPPED
 from tests.conftest import (
-    ALL_PATCHED,
-    IMPORT_ALL,
-    PATCHES,
     REPO,
     STANDIN,
     STATUS,
-    WRAP_DEPTH,
     child,
     copy_of_shim,
     json_lines,
@@ -30,19 +26,20 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
+from tests.toys import GREETING, IMPORT, NAMES, USE
 
 
 def test_pythonpath_activation_patches_every_target_on_import():
-    proc = run_python(IMPORT_ALL + STATUS)
+    proc = run_python(USE + IMPORT + STATUS)
     rows = last_json(proc.stdout)
-    assert {n: rows[n]["state"] for n in PATCHES} == dict.fromkeys(PATCHES, "patched")
-    assert all(rows[n]["activated_by"] == "sitecustomize" for n in PATCHES)
+    assert {n: rows[n]["state"] for n in NAMES} == JUDGED
+    assert all(rows[n]["activated_by"] == "sitecustomize" for n in NAMES)
     # One line for the process, in vLLM's format, and nothing else at the default level.
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INFO ")
     (summary,) = summary_lines(proc.stderr)
-    pid = rows[PATCHES[0]]["pid"]  # every row carries the process's pid
-    assert summary == f"dspark_hotfix {__version__} (pid {pid}) via sitecustomize: {ALL_PATCHED}"
+    pid = rows[NAMES[0]]["pid"]  # every row carries the process's pid
+    assert summary == f"dspark_hotfix {__version__} (pid {pid}) via sitecustomize: {JUDGED_LINE}"
 
 
 def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
@@ -51,26 +48,23 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
     (other / "sitecustomize.py").write_text(
         "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
     )
-    proc = run_python(IMPORT_ALL + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
+    proc = run_python(USE + IMPORT + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
                       path=(REPO, STANDIN, other))
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
     assert proc.stdout.strip().splitlines()[-1] == "1"
-    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))[SWA.name]["state"] == "patched"
+    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))[GREETING.name]["state"] == "patched"
 
 
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
-    proc = run_python(IMPORT_ALL + STATUS, path=(REPO, STANDIN, other))
+    proc = run_python(USE + IMPORT + STATUS, path=(REPO, STANDIN, other))
     assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
-    assert last_json(proc.stdout)[SWA.name]["state"] == "patched"
+    assert last_json(proc.stdout)[GREETING.name]["state"] == "patched"
 
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
-
-
-ALL_INSTALLED = dict.fromkeys(PATCHES, "patched")
 
 
 # Ours boots once, whatever alias of its start-up directory is on the path.
@@ -85,7 +79,7 @@ def ours(file: str | None) -> bool:
 def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(STARTUP, target_is_directory=True)
-    code = (IMPORT_ALL + STATUS + "import os, sys; print(json.dumps([os.environ['PYTHONPATH'], "
+    code = (USE_LAST + IMPORT + STATUS + "import os, sys; print(json.dumps([os.environ['PYTHONPATH'], "
             "sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)]))")
     proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code), path=(link, STANDIN),
                  cwd=REPO)
@@ -97,15 +91,15 @@ def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once
     assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
     assert watchers == 1
     rows = json.loads(proc.stdout.splitlines()[-2])
-    assert {name: row["state"] for name, row in rows.items()} == ALL_INSTALLED
+    assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
 
 
 def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ours_once():
     # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented way to
     # deploy it): the launcher puts the start-up directory first and keeps the root.
-    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", DOCTOR), path=(REPO, STANDIN),
-                 cwd=STANDIN)
+    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", USE + DOCTOR),
+                 path=(REPO, STANDIN), cwd=STANDIN)
     report = json.loads(proc.stdout)
     assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
     assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
@@ -123,11 +117,13 @@ def shadowed(tmp_path):
 
 
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
-    other = shadowed("import vllm.models.deepseek_v4, sys\nsys.stderr.write('image customisation imported vllm\\n')\n")
-    proc = run_python(IMPORT_ALL + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
+    # The image's customisation runs at start-up, before the child's code (and without the checkout on sys.path:
+    # chain() takes ours off while it imports): the toys are its patch set there.
+    other = shadowed(USE_LAST + "import vllm.toy_model\nsys.stderr.write('image customisation imported vllm\\n')\n")
+    proc = run_python(IMPORT + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
-    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
@@ -143,11 +139,13 @@ def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_p
 def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     copy = copy_of_shim(tmp_path / "copy")
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
-    code = IMPORT_ALL + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
-    proc = run_python(code, path=(*shims, STANDIN))
+    # The child's USE imports the package before vLLM does; a switch other than "1" makes the start-up hook
+    # import it first, at interpreter start, as it would at vLLM's import: which copy wins is still its choice.
+    code = USE + IMPORT + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
+    proc = run_python(code, path=(*shims, STANDIN), env={"DSPARK_HOTFIX": "true"})
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
-    assert depth == dict.fromkeys(PATCHES, 1) and {r["state"] for r in rows.values()} == {"patched"}
+    assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
     assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
     assert warning_lines(proc.stderr) == [] and "Error in sitecustomize" not in proc.stderr

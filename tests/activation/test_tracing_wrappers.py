@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, STANDIN, clean_env, run_in_env
 from tests.real_vllm.venvs import cache_dir
+from tests.toys import USE
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 TOOLS = ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1", "ddtrace==4.16.0")
@@ -55,6 +56,8 @@ def env(tools: Path, *path: Path | str) -> dict[str, str]:
 
 
 LAUNCHER = ("python", "-m", "dspark_hotfix", "run", "--")
+# `dspark-hotfix doctor --json` on the toy patches (REPO is on the child's path).
+DOCTOR = ("python", "-c", USE + "from dspark_hotfix import cli; raise SystemExit(cli.main(['doctor', '--json']))")
 
 
 def test_run_refuses_to_start_opentelemetry_instrument_and_names_the_order_that_works(tools, tmp_path):
@@ -85,8 +88,7 @@ def test_ddtrace_run_chains_ours_so_both_orders_start_both(tools, tmp_path, orde
 
 def test_doctor_names_a_sitecustomize_that_runs_ahead_of_ours_and_does_not_chain_it(tools, tmp_path):
     # The PYTHONPATH recipe, then opentelemetry-instrument around the command: its sitecustomize comes first.
-    proc = run_in_env(["opentelemetry-instrument", "python", "-m", "dspark_hotfix", "doctor", "--json"],
-                      env(tools, STARTUP, STANDIN, REPO), cwd=tmp_path)
+    proc = run_in_env(["opentelemetry-instrument", *DOCTOR], env(tools, STARTUP, STANDIN, REPO), cwd=tmp_path)
     report = json.loads(proc.stdout)
     theirs = report["sitecustomize"]["file"]
     assert theirs.endswith("opentelemetry/instrumentation/auto_instrumentation/sitecustomize.py"), report
@@ -99,7 +101,6 @@ def test_doctor_names_a_sitecustomize_that_runs_ahead_of_ours_and_does_not_chain
     assert (said[0] in report["problems"]) == (not report["plugin"]["active"])
     assert proc.returncode == (1 if said[0] in report["problems"] else 0)
     # In the order that works, doctor finds ours and nothing ahead of it.
-    works = run_in_env(["opentelemetry-instrument", *LAUNCHER, "python", "-m", "dspark_hotfix", "doctor", "--json"],
-                       env(tools, STANDIN, REPO), cwd=tmp_path)
+    works = run_in_env(["opentelemetry-instrument", *LAUNCHER, *DOCTOR], env(tools, STANDIN, REPO), cwd=tmp_path)
     site = json.loads(works.stdout)["sitecustomize"]
     assert site["ours"] and site["ahead"] is None and site["chained"]["file"] == theirs, site

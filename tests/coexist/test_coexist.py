@@ -33,17 +33,17 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.cli import startup_dir
-from tests.cases import CASES
+from tests import status_shape
 from tests.conftest import REPO, clean_env
+from tests.real_vllm.runs import expected
 from tests.real_vllm.venvs import cache_dir, ensure_venv
 
 pytestmark = pytest.mark.coexist
 
 VLLM = "0.25.0"
 WRAPT = "wrapt==1.17.3"  # the real-vLLM venv's (tests/real_vllm/venvs.py)
-# On 0.25.0 the upstream fix is in (the spec and remap corrections are not needed); its hybrid-off
-# grouping still loses the layout, which the stop covers.
-EXPECTED = {name: case.released for name, case in CASES.items()}
+# Each patch's state on 0.25.0, as its test module declares it (RELEASED).
+EXPECTED = expected(VLLM)
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,7 @@ CHILD = """
 import json, sys
 import vllm
 {load_plugins}
-import vllm.v1.core.kv_cache_utils, vllm.models.deepseek_v4.attention, vllm.v1.worker.gpu.attn_utils
-{probe}
+{imports}{probe}
 shim = None
 if "dspark_hotfix" in sys.modules:
     import dspark_hotfix
@@ -128,8 +127,9 @@ def plugin_site(wheel, tmp_path_factory) -> Path:
 
 
 def argv_and_env(tool: Tool, order: str, site: Path, plugins: Path, python: str) -> tuple[list[str], dict[str, str]]:
-    code = CHILD.format(probe=tool.probe, load_plugins="from vllm.plugins import load_general_plugins\n"
-                        "load_general_plugins()" if order == "plugin-only" else "")
+    plugins_loaded = "from vllm.plugins import load_general_plugins\nload_general_plugins()"
+    code = CHILD.format(probe=tool.probe, imports=status_shape.import_targets(),
+                        load_plugins=plugins_loaded if order == "plugin-only" else "")
     env = clean_env(**tool.env, PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(site))
     # The launcher runs from the checkout; it takes the checkout off the command's PYTHONPATH.
     launcher = [python, "-m", "dspark_hotfix", "run", "--"]

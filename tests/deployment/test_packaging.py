@@ -18,9 +18,9 @@ import zipfile
 from pathlib import Path
 
 from dspark_hotfix import __version__
+from tests import status_shape
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
-    IMPORT_ALL,
     STANDIN,
     STATUS,
     run_in_venv,
@@ -50,8 +50,8 @@ def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
 
 
 def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
-    proc = run_in_venv(venv, IMPORT_ALL + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))",
-               path=(startup_dir(venv), STANDIN))
+    code = status_shape.import_targets() + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))"
+    proc = run_in_venv(venv, code, path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.splitlines()[-2])
     assert {r["state"] for r in rows.values()} == {"patched"}

@@ -6,14 +6,17 @@ import json
 
 import pytest
 
-from tests.cases import SWA
+from dspark_hotfix.cli import main
+from tests.activation.children import USE_LAST
 from tests.conftest import (
     REPO,
     STANDIN,
+    edited_standin,
     run_in_venv,
     run_python,
     startup_dir,
 )
+from tests.toys import GREETING, module_file
 
 CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
 STARTUP = REPO / "dspark_hotfix" / "startup"
@@ -21,20 +24,32 @@ FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 
 
 def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):
-    return run_python(f"import sys; sys.argv[1:] = {list(args)!r}\n" + CLI, path=path, check=False, **kwargs)
+    """The command line in a child started with the start-up directory on its path, on the toy patches."""
+    code = USE_LAST + f"sys.argv[1:] = {list(args)!r}\n" + CLI
+    return run_python(code, path=path, check=False, **kwargs)
 
 
-def test_help_names_the_switches_and_the_exit_codes_in_plain_text():
-    out = cli("--help").stdout
+def exit_code(*argv: str) -> int | str | None:
+    """main(argv) in this process (argparse ends a usage error or --help with SystemExit)."""
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_help_names_the_switches_and_the_exit_codes_in_plain_text(capsys):
+    assert exit_code("--help") == 0
+    out = capsys.readouterr().out
     for text in ("DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "exit status",
                  "3  removable: this vLLM needs none of the patches"):
         assert text in out
     assert "``" not in out and ":func:" not in out
 
 
-def test_usage_errors_exit_2():
-    assert cli("frobnicate").returncode == 2
-    assert cli("run").returncode == 2
+def test_usage_errors_exit_2(capsys):
+    assert exit_code("frobnicate") == 2
+    assert exit_code("run") == 2
+    assert "usage: dspark-hotfix" in capsys.readouterr().err
 
 
 def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
@@ -50,11 +65,14 @@ def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
     assert all(key == key.lower() and " " not in key for key in d["python"])  # machine keys
 
 
-def test_status_import_targets_exits_1_when_a_patch_failed(broken_standin):
-    proc = cli("status", "--json", path=(STARTUP, broken_standin))
+def test_status_import_targets_exits_1_when_a_patch_failed(tmp_path):
+    # The toy greeting's function with another signature: the patch fails.
+    signature = [("def greet(self, name)", "def greet(self, name, title=None)")]
+    broken = edited_standin(tmp_path / "standin", {module_file(GREETING): signature})
+    proc = cli("status", "--json", path=(STARTUP, broken))
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["verdict"] == "problem"
-    assert any(p.startswith(f"{SWA.name}: unexpected signature") for p in report["problems"])
+    assert any(p.startswith(f"{GREETING.name}: unexpected signature") for p in report["problems"])
 
 
 def test_status_import_targets_exits_1_without_vllm():
@@ -63,7 +81,7 @@ def test_status_import_targets_exits_1_without_vllm():
 
 
 @pytest.mark.parametrize("env", [{"DSPARK_HOTFIX_STRICT": "very"}, {"DSPARK_HOTFIX": "disabled"},
-                                 {"DSPARK_HOTFIX_PATCHES": f"{SWA.name},-{SWA.name}"}])
+                                 {"DSPARK_HOTFIX_PATCHES": f"{GREETING.name},-{GREETING.name}"}])
 def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
     proc = cli("doctor", "--json", env=env)
     report = json.loads(proc.stdout)

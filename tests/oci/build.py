@@ -139,9 +139,11 @@ def serving(variant: str = "reported") -> str:
         extra = ""
         if variant == "fixed":
             sys.path.insert(0, str(REPO))
-            from tests.conftest import FIXED, edited_standin
+            from dspark_hotfix.patches import ALL
+            from tests.conftest import edited_standin
+            from tests.patches import fixed_edits
 
-            edited_standin(ctx / "standin", FIXED)
+            edited_standin(ctx / "standin", fixed_edits(ALL))  # every patch's upstream fix
             extra = ' \\\n && /opt/venv/bin/pip install --no-cache-dir "wrapt>=2,<3"'
         elif variant == "reported":
             shutil.copytree(STANDIN, ctx / "standin", ignore=shutil.ignore_patterns("__pycache__"))

@@ -24,24 +24,28 @@ from types import SimpleNamespace
 import pytest
 
 import dspark_hotfix
+from dspark_hotfix.patches import ALL
 from tests import kubernetes, status_shape
-from tests.cases import REMAP, SWA
 from tests.conftest import REPO
 from tests.oci import build
 
 pytestmark = pytest.mark.oci
 
 REPORTED_ERROR = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
-PROBE = """
-import json, os
-import vllm.v1.core.kv_cache_utils, vllm.v1.worker.gpu.attn_utils  # vLLM's order: the engine's, then the model's
-import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark
-import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils
+# Every patch's target module imported, then what the container's process says.
+PROBE = status_shape.import_targets() + """import json, os
 import dspark_hotfix, wrapt
 print(json.dumps({"status": dspark_hotfix.status(), "pid": os.getpid(), "wrapt": wrapt.__version__,
                   "wrapt_file": wrapt.__file__,
                   "env": {k: os.environ.get(k) for k in ("IMAGE_SITECUSTOMIZE_PID", "PYTHONPATH", "DSPARK_HOTFIX")}}))
 """
+# A patch the reported build needs: the stand-in needs every correction (status_shape.fixes_installed).
+NEEDED = next(p for p in ALL if not p.stops)
+
+
+def names_every_patch(report: str) -> bool:
+    """doctor's report lists each patch of ``patches.ALL``."""
+    return all(p.name in report for p in ALL)
 
 
 def unavailable(reason: str) -> None:
@@ -238,7 +242,7 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
     pod = pods(build.serving("reported"), wheel, tmp_path, site)
     assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
     assert f"{wheel.name}: OK" in pod.init_run.stdout  # sha256sum -c
-    assert "PROBLEM" not in pod.init_run.stdout and REMAP.name in pod.init_run.stdout  # doctor's report
+    assert "PROBLEM" not in pod.init_run.stdout and names_every_patch(pod.init_run.stdout)  # doctor's report
     # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
     got = pod.serve("python3", "-c", PROBE)
     assert status_shape.fixes_installed(got["status"]), got["status"]
@@ -270,12 +274,12 @@ def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_withou
     base = build.serving("reported")
     b_arm = pods(base, wheel, tmp_path / "b", site, DSPARK_HOTFIX="0")
     assert b_arm.init_run.returncode == 0, b_arm.init_run.stdout + b_arm.init_run.stderr
-    assert REMAP.name in b_arm.init_run.stdout and "the B arm" in b_arm.init_run.stdout  # doctor's report
+    assert names_every_patch(b_arm.init_run.stdout) and "the B arm" in b_arm.init_run.stdout  # doctor's report
     assert b_arm.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
     # Only the false words start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
     typo = pods(base, wheel, tmp_path / "typo", site, DSPARK_HOTFIX="of")
     assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
-    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES=f"-{SWA.name}")
+    excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES=f"-{NEEDED.name}")
     assert excluded.init_run.returncode == 1, excluded.init_run.stdout + excluded.init_run.stderr
     assert "the B arm" not in typo.init_run.stdout + excluded.init_run.stdout
 

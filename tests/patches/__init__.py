@@ -9,10 +9,15 @@ Beside its own tests (its correction as a plain function, its properties), that 
 ``FAULTS``
     Stand-in builds it does not expect, each a :class:`Fault`.
 ``RELEASED``
-    Its state on each real vLLM release the real tier installs (``tests/real_vllm/venvs.py``).
+    Its state on each real vLLM release the real tier installs (``RELEASES``).
 ``REVERT``
     The :class:`Revert` edits that re-create the reported build from vLLM 0.25.0 for it
     (``tests/real_vllm/revert.py`` applies them; its state there is ``patched``). Empty: none.
+``exercise()``
+    Where a fault is ``at_call``: calls its target in the stand-in as vLLM does, and returns the answer.
+
+Checks on real vLLM that only this patch makes close the module, in a section marked ``real_vllm`` that
+uses ``tests/real_vllm/runs.py`` (``released``, ``reverted``, ``hybrid_off``, ``in_venv``).
 
 ``tests/patches/test_every_patch.py`` runs the same tests over ``dspark_hotfix.patches.ALL`` from these
 declarations. Nothing else in tests/ names a real patch: adding one is its module, its entry in ``ALL``,
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from dspark_hotfix.patches import Patch
+from tests.real_vllm.venvs import LINES_VERSIONS as RELEASES  # noqa: F401  (the releases RELEASED covers)
 
 
 @dataclass(frozen=True)

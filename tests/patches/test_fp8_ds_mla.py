@@ -3,18 +3,24 @@
 The spec correction may touch only DeepSeek-V4 ``fp8_ds_mla`` specs, and must
 give them 584 bytes per token; the oracles of the properties are written from
 that contract, not from the implementation. The stand-in's warm-up crashes
-without it and runs with it.
+without it and runs with it (in this process, on the ``standin_shim`` fixture of
+tests/patches/conftest.py).
+
+This module is the layout both spec patches share, so it names those two.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dspark_hotfix
+from dspark_hotfix.patches.attention_kv_cache_spec import PATCH as ATTENTION
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
@@ -22,12 +28,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     fp8_ds_mla_spec,
     runner_bytes_per_token,
 )
-from tests.cases import ATTENTION, SWA
-from tests.conftest import (
-    WARMUP,
-    last_json,
-    run_python,
-)
+from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
 
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
 
@@ -140,14 +141,25 @@ def test_a_field_left_out_of_equality_is_kept(vllm):
     assert all(runner_bytes_per_token(g) == 584 for g in got)
 
 
-def test_warmup_crashes_without_the_shim_and_runs_with_it():
-    off = last_json(run_python(WARMUP, env={"DSPARK_HOTFIX": "0"}).stdout)
-    on = last_json(run_python(WARMUP).stdout)
+def engine_start(standin_shim, monkeypatch, switch: str) -> dict:
+    """The stand-in engine's start (tests/standin/warmup.py) in this process, ``DSPARK_HOTFIX`` set to ``switch``."""
+    standin_shim()
+    monkeypatch.setenv("DSPARK_HOTFIX", switch)
+    dspark_hotfix.install()
+    return importlib.import_module("warmup").run()
+
+
+def test_warmup_crashes_without_the_shim(standin_shim, monkeypatch):
+    off = engine_start(standin_shim, monkeypatch, "0")
     assert off["error"] == (
         "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
     )
     assert off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]
     assert "model.layers.0.attn.wkv.weight" not in off["loaded"]
+
+
+def test_warmup_runs_with_the_shim(standin_shim, monkeypatch):
+    on = engine_start(standin_shim, monkeypatch, "1")
     assert on["error"] is None
     assert on["views"]["draft.0.swa"] == {"shape": [4, 64, 584], "stride": [37440, 584, 1], "page_bytes": 37440}
     assert {f"model.layers.{i}.attn.wkv.weight" for i in range(3)} <= set(on["loaded"])

@@ -1,21 +1,21 @@
-"""The hybrid KV cache manager off, on the stand-in: the stop at KV-cache grouping and its words."""
+"""The hybrid KV cache manager off, on the stand-in: the stop at KV-cache grouping and its words.
+
+The stand-in engine's start (tests/standin/warmup.py) runs in this process, on the shim of the
+``standin_shim`` fixture (tests/patches/conftest.py).
+"""
 
 from __future__ import annotations
 
-from dspark_hotfix.patches.kv_cache_groups import PATCH  # noqa: F401  (declared: tests/patches/__init__.py)
-from tests.cases import PATCHES, STOP, method, module_file
-from tests.conftest import (
-    FIXED,
-    IMPORT_ALL,
-    REPO,
-    STANDIN,
-    STATUS,
-    edited_standin,
-    last_json,
-    run_python,
-    summary_lines,
-)
-from tests.patches import Fault
+import importlib
+from types import SimpleNamespace
+
+import pytest
+
+import dspark_hotfix
+from dspark_hotfix.patches import ALL
+from dspark_hotfix.patches.kv_cache_groups import PATCH
+from tests.conftest import state_of
+from tests.patches import Fault, module_file
 
 # vLLM 0.28.0's hybrid-off grouping keeps the layout (vllm#51612).
 FIX = [("compress_ratio=spec.compress_ratio,", "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")]
@@ -28,34 +28,68 @@ FAULTS = {
 RELEASED = {"0.25.0": "patched", "0.28.0": "not_needed", "0.33.0": "not_needed"}
 REVERT = ()  # the reported build's grouping is 0.25.0's
 
-OFF = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup, json; print(json.dumps(warmup.run(False)))"
-CONNECTOR = f"""
-from types import SimpleNamespace as NS
-import json, dspark_hotfix
-from vllm.v1.core import kv_cache_utils
-from vllm.models.deepseek_v4.attention import DeepseekV4Attention
-config = NS(cache_config=NS(block_size=256, cache_dtype="fp8_ds_mla"))
-attn = DeepseekV4Attention(compress_ratio=4)
-specs = {{"model.layers.0.attn.swa_cache": attn.swa_cache.get_kv_cache_spec(config)}}
-off = NS(scheduler_config=NS(disable_hybrid_kv_cache_manager=True), kv_transfer_config=NS(kv_connector="NixlConnector"))
-try:
-    kv_cache_utils.{STOP.qualname}(off, specs)
-    print(json.dumps(None))
-except Exception as exc:
-    print(json.dumps(f"{{type(exc).__name__}}: {{exc}}"))
-"""
+CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
+HYBRID_ON = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+                            kv_transfer_config=None)
 
 
-def test_without_the_shim_the_hybrid_off_path_dies_with_the_reported_error():
-    report = last_json(run_python(OFF, env={"DSPARK_HOTFIX": "0"}).stdout)
-    assert report["error"] == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+def exercise():
+    """vLLM's call of the target: the engine groups a DeepSeek-V4 layer's KV-cache specs, the hybrid manager on
+    (through the shim's wrapper where it wraps)."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.v1.core import kv_cache_utils
+
+    attn = DeepseekV4Attention(compress_ratio=4)
+    specs = {"model.layers.0.attn": attn.get_kv_cache_spec(CONFIG),
+             "model.layers.0.attn.swa_cache": attn.swa_cache.get_kv_cache_spec(CONFIG)}
+    return kv_cache_utils.get_kv_cache_groups(HYBRID_ON, specs)
+
+
+REPORTED = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+
+
+def engine_start(hybrid: bool) -> dict:
+    """The stand-in engine's start (tests/standin/warmup.py) in this process: its report."""
+    return importlib.import_module("warmup").run(hybrid)
+
+
+def import_targets() -> None:
+    """Import every patch's target module: every patch is judged."""
+    for patch in ALL:
+        importlib.import_module(patch.module)
+
+
+def grouping_behind_a_connector() -> str | None:
+    """What grouping one DeepSeek-V4 cache raises where a KV connector turned the hybrid manager off."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.v1.core import kv_cache_utils
+
+    attn = DeepseekV4Attention(compress_ratio=4)
+    specs = {"model.layers.0.attn.swa_cache": attn.swa_cache.get_kv_cache_spec(CONFIG)}
+    off = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
+                          kv_transfer_config=SimpleNamespace(kv_connector="NixlConnector"))
+    try:
+        kv_cache_utils.get_kv_cache_groups(off, specs)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_without_the_shim_the_hybrid_off_path_dies_with_the_reported_error(standin_shim, monkeypatch):
+    standin_shim()
+    monkeypatch.setenv("DSPARK_HOTFIX", "0")
+    dspark_hotfix.install()
+    report = engine_start(hybrid=False)
+    assert report["error"] == REPORTED
     assert report["views"]["draft.0.swa"]["shape"] == [4, 256, 512]
 
 
-def test_with_the_shim_it_stops_at_kv_cache_grouping_naming_the_cause_and_what_helps():
-    report = last_json(run_python(OFF).stdout)
+def test_with_the_shim_it_stops_at_kv_cache_grouping_naming_the_cause_and_what_helps(standin_shim):
+    standin_shim()
+    dspark_hotfix.install()
+    report = engine_start(hybrid=False)
     error = report["error"]
-    assert error.startswith(f"HotfixError: {STOP.name}: DeepSeek-V4's fp8_ds_mla KV caches (5 layers, ")
+    assert error.startswith(f"HotfixError: {PATCH.name}: DeepSeek-V4's fp8_ds_mla KV caches (5 layers, ")
     assert ("need vLLM's hybrid KV cache manager, and it is off (--disable-hybrid-kv-cache-manager, or vLLM turned it "
             "off and logged why: a --kv-transfer-config connector without hybrid support)") in error
     assert "leave the hybrid manager on" in error and "no vLLM release up to 0.33.0 runs DeepSeek-V4" in error
@@ -63,43 +97,105 @@ def test_with_the_shim_it_stops_at_kv_cache_grouping_naming_the_cause_and_what_h
     assert report["views"] == {}  # stopped before any view was built
 
 
-def test_the_stop_says_the_same_where_a_kv_connector_turned_the_manager_off():
+def test_the_stop_says_the_same_where_a_kv_connector_turned_the_manager_off(standin_shim):
     # The config keeps the flag, not its reason; vLLM's own log says which turned it off.
-    error, off = last_json(run_python(CONNECTOR).stdout), last_json(run_python(OFF).stdout)["error"]
-    assert error.startswith(f"HotfixError: {STOP.name}: DeepSeek-V4's fp8_ds_mla KV caches (1 layers, ")
+    standin_shim()
+    dspark_hotfix.install()
+    error, off = grouping_behind_a_connector(), engine_start(hybrid=False)["error"]
+    assert error.startswith(f"HotfixError: {PATCH.name}: DeepSeek-V4's fp8_ds_mla KV caches (1 layers, ")
     assert error.partition(" need ")[2] == off.partition(" need ")[2]
 
 
-def test_with_the_stop_excluded_vllm_meets_its_own_error_and_the_line_says_the_stop_was_needed():
-    proc = run_python(OFF, env={"DSPARK_HOTFIX_PATCHES": f"-{STOP.name}"})
-    assert last_json(proc.stdout)["error"] == ("RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, "
-                                               "bytes_per_token)")
-    (line,) = summary_lines(proc.stderr)
-    assert line.split(": ", 1)[1].startswith("problem: ") and f"1 excluded ({STOP.name})" in line
+def test_with_the_stop_excluded_vllm_meets_its_own_error_and_the_line_says_the_stop_was_needed(standin_shim,
+                                                                                               monkeypatch):
+    shim = standin_shim()
+    monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{PATCH.name}")
+    dspark_hotfix.install()
+    assert engine_start(hybrid=False)["error"] == REPORTED
+    (line,) = shim.summaries()
+    assert state_of(line).startswith("problem: ") and f"1 excluded ({PATCH.name})" in line
 
 
-def test_with_the_manager_on_the_stop_passes_everything_through():
-    on = last_json(run_python(OFF.replace("warmup.run(False)", "warmup.run()")).stdout)
-    off = last_json(run_python(OFF.replace("warmup.run(False)", "warmup.run()"), env={"DSPARK_HOTFIX": "0"}).stdout)
-    assert on["error"] is None and on["views"]["draft.0.swa"]["shape"] == [4, 64, 584]
-    assert off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]  # the spec patches, not the stop, make the difference
+@pytest.mark.parametrize(("switch", "width"), [("1", 584), ("0", 512)], ids=["shim on", "shim off"])
+def test_with_the_manager_on_the_stop_passes_everything_through(standin_shim, monkeypatch, switch, width):
+    standin_shim()
+    monkeypatch.setenv("DSPARK_HOTFIX", switch)
+    dspark_hotfix.install()
+    report = engine_start(hybrid=True)
+    assert report["views"]["draft.0.swa"]["shape"] == [4, 64, width]  # the spec patches, not the stop, make 584
+    if switch == "1":
+        assert report["error"] is None
 
 
-def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(tmp_path):
-    standin = edited_standin(tmp_path / "standin", {module_file(STOP): FIXED[module_file(STOP)]})
-    proc = run_python(IMPORT_ALL + STATUS, path=(REPO, standin))
-    rows = last_json(proc.stdout)
-    assert rows[STOP.name]["state"] == "not_needed"
-    assert rows[STOP.name]["detail"] == "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)"
-    (summary,) = summary_lines(proc.stderr)
-    patched = [name for name in PATCHES if name != STOP.name]
+def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(standin_shim):
+    shim = standin_shim({module_file(PATCH): FIX})
+    dspark_hotfix.install()
+    import_targets()
+    row = shim.status()[PATCH.name]
+    assert row["state"] == "not_needed"
+    assert row["detail"] == "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)"
+    (summary,) = shim.summaries()
+    patched = [p.name for p in ALL if p is not PATCH]
     assert summary.endswith(f": fixing: {len(patched)} patched ({', '.join(patched)}), 1 not_needed")
 
 
-def test_a_vllm_without_kv_cache_utils_grouping_does_not_need_the_stop(tmp_path):
-    standin = edited_standin(tmp_path / "standin", {module_file(STOP): [
-        (f"def {method(STOP)}(", f"def {method(STOP)}_elsewhere(")]})
-    rows = last_json(run_python(IMPORT_ALL + STATUS, path=(REPO, standin)).stdout)
-    assert rows[STOP.name]["state"] == "not_needed"
-    assert rows[STOP.name]["detail"].startswith(f"not needed ({STOP.module} defines no {method(STOP)}: its KV-cache "
-                                                "grouping lives elsewhere")
+def test_a_vllm_without_kv_cache_utils_grouping_does_not_need_the_stop(standin_shim):
+    shim = standin_shim({module_file(PATCH): [("def get_kv_cache_groups(", "def get_kv_cache_groups_elsewhere(")]})
+    dspark_hotfix.install()
+    import_targets()
+    row = shim.status()[PATCH.name]
+    assert row["state"] == "not_needed"
+    assert row["detail"].startswith(f"not needed ({PATCH.module} defines no get_kv_cache_groups: its KV-cache "
+                                    "grouping lives elsewhere")
+
+
+# --- On real vLLM (tests/real_vllm) ---
+# The stop on vLLM releases from PyPI, read from the real tier's shared hybrid-off runs (tests/real_vllm/runs.py,
+# tests/real_vllm/inside/hybrid_off.py): vLLM's own grouping of DeepSeek-V4's specs with the manager off.
+
+import pytest  # noqa: E402
+
+from tests.real_vllm import runs  # noqa: E402
+
+REAL_ERROR = "dspark_hotfix.registry.HotfixError"
+REAL_WORDS = ("hybrid KV cache manager", "--disable-hybrid-kv-cache-manager",
+              "no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off")
+REAL_GROUPING = PATCH.qualname  # vLLM's KV-cache grouping: hybrid_off.py reports it under this name
+
+
+def real_assert_stopped(result: dict) -> None:
+    off = result["hybrid_off"]
+    assert off["outcome"] == "error", f"no stop with the hybrid manager off: {off}"
+    error = off["error"]
+    assert error["type"] == REAL_ERROR, error
+    assert error["message"].startswith(f"{PATCH.name}: DeepSeek-V4's fp8_ds_mla KV caches (9 layers"), error
+    for words in REAL_WORDS:
+        assert words in error["message"], (words, error["message"])
+    # Before vLLM's conversion, which rebuilds specs in place (10 of them on 0.25.0): none was rebuilt.
+    assert off["specs_rebuilt"] == [], off
+    assert result[REAL_GROUPING] == {"module": PATCH.module, "wrapped": True}
+
+
+@pytest.mark.real_vllm
+@pytest.mark.parametrize("version", runs.VERSIONS)
+def test_on_real_vllm_it_stops_a_hybrid_off_engine_only_where_the_release_loses_the_layout(version):
+    result, without = runs.hybrid_off(version, "with_shim"), runs.hybrid_off(version, "without_shim")
+    row = result["status"]["patches"][PATCH.name]
+    if RELEASED[version] == "patched":
+        real_assert_stopped(result)
+        assert row["state"] == "patched", row
+    else:
+        # Left as vLLM leaves it: its own TypeError, word for word.
+        assert result["hybrid_off"] == without["hybrid_off"]
+        assert result["hybrid_off"]["error"]["type"] == "builtins.TypeError", result["hybrid_off"]
+        assert not result[REAL_GROUPING]["wrapped"], result[REAL_GROUPING]
+        assert row["state"] == "not_needed" and f"kv_cache_utils defines no {REAL_GROUPING}" in row["detail"], row
+
+
+@pytest.mark.real_vllm
+def test_on_reverted_vllm_it_stops_at_grouping_with_the_releases_words():
+    """0.25.0 with every REVERT applied: the corrections apply, and with the manager off the same stop comes
+    at grouping, before any view."""
+    result = runs.hybrid_off(runs.REVERTED, "with_shim")
+    real_assert_stopped(result)
+    assert result["hybrid_off"]["error"] == runs.hybrid_off(runs.REVERTED_VERSION, "with_shim")["hybrid_off"]["error"]

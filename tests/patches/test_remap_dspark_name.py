@@ -35,6 +35,15 @@ REVERT = (Revert("models/deepseek_v4/nvidia/dspark.py", "DSparkDeepseekV4ForCaus
                  'return f"model.layers.{stage}.{rest}"',
                  'return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"'),)
 
+
+def exercise():
+    """vLLM's call of the target: the draft's loader maps a checkpoint name (through the shim's wrapper where it
+    wraps)."""
+    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+    return DSparkDeepseekV4ForCausalLM()._remap_dspark_name("mtp.1.attn.wkv.weight")
+
+
 N, K = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
 
 
@@ -245,3 +254,83 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
     assert {REMAP.correction(remap(draft, name), draft, name) for name in checkpoint} == layer_params
+
+
+# --- On real vLLM (tests/real_vllm) ---
+# The remap on vLLM releases from PyPI, read from the real tier's shared runs (tests/real_vllm/runs.py).
+
+import json  # noqa: E402
+
+from tests.real_vllm import runs  # noqa: E402
+
+REAL_N, REAL_K = 43, 3  # the draft of tests/real_vllm/inside/runner_answers.py: 3 layers over 43
+REAL_LAYER_WEIGHTS = 10  # the names of each draft layer in tests/real_vllm/inside/grid.py (NAMES)
+# Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of the grid, and what
+# the correction makes of its answer and of the answer shifted as the reported build shifts it.
+REAL_CORRECTION = f"""
+import json, grid
+from dspark_hotfix.patches.remap_dspark_name import PATCH
+draft, rows = grid.draft({REAL_N}, {REAL_K}), []
+for name in grid.NAMES:
+    try:
+        real = grid.remap(draft, name)
+    except Exception:
+        continue
+    shifted = real
+    if real is not None and real.startswith("model.layers."):
+        index, _, rest = real[len("model.layers."):].partition(".")
+        shifted = f"model.layers.{{{REAL_N} + int(index)}}.{{rest}}"
+    rows.append([real, PATCH.correction(real, draft, name) is real, shifted, PATCH.correction(shifted, draft, name)])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.real_vllm
+def test_on_real_vllm_the_correction_keeps_the_releases_answers_and_corrects_the_shifted_ones():
+    proc = runs.in_venv("0.25.0", REAL_CORRECTION)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(kept for _, kept, _, _ in rows), rows  # vLLM's own answer, the very object
+    assert [corrected for _, _, _, corrected in rows] == [real for real, _, _, _ in rows]
+    assert sum(shifted != real for real, _, shifted, _ in rows) == REAL_K * REAL_LAYER_WEIGHTS
+
+
+def real_reverted() -> dict:
+    """What vLLM 0.25.0 with every REVERT applied answered, without the shim and with it."""
+    run = runs.reverted()
+    assert run["answers"], run["report"]
+    return run["answers"]
+
+
+@pytest.mark.real_vllm
+def test_on_reverted_vllm_without_the_shim_the_remap_shifts_draft_layers_past_the_target():
+    remap = real_reverted()["without_shim"]["remap"]
+    assert remap["mtp.1.attn.wkv.weight"] == f"model.layers.{REAL_N + 1}.attn.wkv.weight"
+    shifted = 0
+    for name, answer in remap.items():
+        match = MTP.fullmatch(name)
+        if answer and answer.startswith("model.layers.") and match:
+            i, rest = match.groups()
+            assert answer == f"model.layers.{REAL_N + int(i)}.{rest}", (name, answer)
+            shifted += 1
+    assert shifted == REAL_K * REAL_LAYER_WEIGHTS
+
+
+@pytest.mark.real_vllm
+def test_on_reverted_vllm_with_the_shim_the_remap_is_positional_and_leaves_head_weights_alone():
+    answers = real_reverted()
+    moved = kept = 0
+    for name, before in answers["without_shim"]["remap"].items():
+        after = answers["with_shim"]["remap"][name]
+        match = MTP.fullmatch(name)
+        if before and before.startswith("model.layers.") and match:
+            i, rest = match.groups()
+            assert after == f"model.layers.{i}.{rest}", (name, before, after)
+            moved += 1
+        else:
+            assert after == before, (name, before, after)
+            kept += bool(before and before.startswith("model."))
+    assert moved == REAL_K * REAL_LAYER_WEIGHTS
+    assert kept >= 7, "the head weights (norm, hc_head_*, markov_head, main_proj, main_norm) were not exercised"
+    # One round of the grid's names: one correction per draft layer weight.
+    assert answers["corrections"][PATCH.name] == REAL_K * REAL_LAYER_WEIGHTS

@@ -1,11 +1,11 @@
 """Re-create the reported pre-release build from a released vLLM, at test time only.
 
-vLLM 0.25.0 carries upstream PR #47716 (``kv_quant_mode`` on both DeepSeek-V4
-KV-cache specs) and the positional DSpark remap. This script builds a copy of
-an installed ``vllm`` package with both undone, as in the reported build
-(vllm-project/vllm#47648): the two specs lose ``kv_quant_mode`` and
-``_remap_dspark_name`` answers ``model.layers.{num_hidden_layers + i}.*``.
-With the copy first on ``PYTHONPATH`` it shadows the installed package.
+vLLM 0.25.0 carries the upstream fixes of the reported build's defects
+(vllm-project/vllm#47648). Each patch's test module declares, in ``REVERT``
+(tests/patches/__init__.py), the lines of 0.25.0 that change back to the
+reported build's; this script builds a copy of an installed ``vllm`` package
+with all of them applied. With the copy first on ``PYTHONPATH`` it shadows the
+installed package.
 
 The copy is a shadow tree: only the directories that lead to an edited file are
 real; every other file and directory is a symbolic link into the installed
@@ -30,8 +30,10 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -42,26 +44,28 @@ class Edit:
     replacement: str | None  # None: the line is dropped
 
 
-EDITS = (
-    Edit(
-        "v1/attention/backends/mla/sparse_swa.py",
-        "DeepseekV4SWACache.get_kv_cache_spec",
-        "kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),",
-        None,
-    ),
-    Edit(
-        "models/deepseek_v4/attention.py",
-        "DeepseekV4Attention.get_kv_cache_spec",
-        "kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),",
-        None,
-    ),
-    Edit(
-        "models/deepseek_v4/nvidia/dspark.py",
-        "DSparkDeepseekV4ForCausalLM._remap_dspark_name",
-        'return f"model.layers.{stage}.{rest}"',
-        'return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"',
-    ),
-)
+
+def declared_edits() -> tuple[Edit, ...]:
+    """Every patch's ``REVERT`` edits (tests/patches/test_<name>.py), in the order of ``patches.ALL``.
+
+    Read in the test process only: the declarations import pytest and hypothesis, which a vLLM venv may lack.
+    """
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from dspark_hotfix.patches import ALL
+    from tests.patches import declared
+
+    return tuple(Edit(r.path, r.function, r.line, r.replacement) for p in ALL for r in declared(p).REVERT)
+
+
+def to_json(edits: tuple[Edit, ...]) -> str:
+    """The edits as JSON, for a process in a vLLM venv (``from_json`` reads them back)."""
+    return json.dumps([asdict(edit) for edit in edits])
+
+
+def from_json(text: str) -> tuple[Edit, ...]:
+    return tuple(Edit(**edit) for edit in json.loads(text))
+
 STAMP = ".dspark-hotfix-reverted"
 USAGE = "usage: python tests/real_vllm/revert.py SRC_VLLM_PACKAGE_DIR DEST_DIR"
 
@@ -86,9 +90,10 @@ def _enclosing(lines: list[str], index: int) -> list[str]:
     return names
 
 
-def edited_text(source: Path, edit: Edit) -> str:
-    """The text of ``source`` with ``edit`` applied, or RevertError naming what was expected."""
-    lines = source.read_text().splitlines(keepends=True)
+def edited_text(source: Path, edit: Edit, text: str | None = None) -> str:
+    """The text of ``source`` (or ``text``, its text so far) with ``edit`` applied, or RevertError naming what
+    was expected."""
+    lines = (source.read_text() if text is None else text).splitlines(keepends=True)
     hits = [i for i, line in enumerate(lines) if line.strip() == edit.line]
     where = f"{source}: expected exactly one line `{edit.line}` in {edit.function}"
     if len(hits) != 1:
@@ -105,8 +110,8 @@ def edited_text(source: Path, edit: Edit) -> str:
     return "".join(lines)
 
 
-def revert(src: Path | str, dest: Path | str) -> Path:
-    """Build ``dest/vllm``: ``src`` (an installed ``vllm`` package) with :data:`EDITS` applied.
+def revert(src: Path | str, dest: Path | str, edits: tuple[Edit, ...]) -> Path:
+    """Build ``dest/vllm``: ``src`` (an installed ``vllm`` package) with ``edits`` applied.
 
     Returns the package directory of the copy. ``dest`` is replaced atomically,
     so a concurrent or interrupted build never leaves a half-made copy in use.
@@ -114,7 +119,11 @@ def revert(src: Path | str, dest: Path | str) -> Path:
     src, dest = Path(src).resolve(), Path(dest)
     if not (src / "__init__.py").is_file():
         raise RevertError(f"{src}: not a package directory (expected the installed vllm package)")
-    texts = {edit.path: edited_text(src / edit.path, edit) for edit in EDITS}  # all found before anything is built
+    if not edits:
+        raise RevertError("no edits: no patch declares a line to revert")
+    texts: dict[str, str] = {}
+    for edit in edits:  # all found before anything is built; two edits of one file both apply
+        texts[edit.path] = edited_text(src / edit.path, edit, texts.get(edit.path))
     real_dirs = {Path(".")} | {parent for path in texts for parent in Path(path).parents}
     staging = dest.parent / f".{dest.name}.{os.getpid()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -149,7 +158,7 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        package = revert(*argv)
+        package = revert(*argv, declared_edits())
     except RevertError as exc:
         print(f"revert: {exc}", file=sys.stderr)
         return 1

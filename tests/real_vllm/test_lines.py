@@ -6,7 +6,7 @@ server the model's modules and, later, KV-cache grouping's, never the V2
 runner's; the engine core (tensor parallel 1) grouping first, then the model,
 then the runner; a tensor-parallel worker the model, then the runner, never
 grouping. Here each order runs in a fresh interpreter of a real vLLM release
-(and of 0.25.0 with PR #47716 reverted, the reported build's code) with the
+(and of 0.25.0 with every patch's REVERT applied, the reported build's code) with the
 shim on ``PYTHONPATH``, as ``dspark-hotfix run`` starts them. The lines, pid
 and time aside, are recorded in docs/evidence/lines.json, and every one of
 them must appear, verbatim, in docs/MATRIX.md (generated from that record by
@@ -22,24 +22,27 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from dspark_hotfix.patches import ALL
 from tests.conftest import REPO, clean_env, state_of, summary_lines
-from tests.real_vllm.test_reverted import VERSION as REVERTED_VERSION
-from tests.real_vllm.test_reverted import reverted_copy
+from tests.real_vllm import runs
+from tests.real_vllm.runs import REVERTED, REVERTED_VERSION, reverted_copy
 from tests.real_vllm.venvs import LINES_VERSIONS, ensure_venv
 
 pytestmark = pytest.mark.real_vllm
 
 EVIDENCE = REPO / "docs" / "evidence" / "lines.json"
 DOC = REPO / "docs" / "MATRIX.md"
-MODEL = ("vllm.models.deepseek_v4.attention", "vllm.models.deepseek_v4.nvidia.dspark",
-         "vllm.v1.attention.backends.mla.sparse_swa")
-GROUPING, RUNNER = "vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"
+# The patches' modules by where vLLM imports them: the ones judged everywhere (Patch.everywhere: KV-cache
+# grouping's, light) and the model's. The V2 runner's module is no patch's target, imported where vLLM does.
+GROUPING = tuple(dict.fromkeys(p.module for p in ALL if p.everywhere))
+MODEL = tuple(m for m in dict.fromkeys(p.module for p in ALL) if m not in GROUPING)
+RUNNER = "vllm.v1.worker.gpu.attn_utils"
 KINDS = {
-    "API server": (*MODEL, GROUPING),
-    "engine core": (GROUPING, *MODEL, RUNNER),
+    "API server": (*MODEL, *GROUPING),
+    "engine core": (*GROUPING, *MODEL, RUNNER),
     "tensor-parallel worker": (*MODEL, RUNNER),
 }
-BUILDS = (f"{REVERTED_VERSION} reverted", *LINES_VERSIONS)
+BUILDS = (REVERTED, *LINES_VERSIONS)
 
 
 def lines_of(build: str, kind: str) -> list[str]:
@@ -48,7 +51,7 @@ def lines_of(build: str, kind: str) -> list[str]:
     python, _ = ensure_venv(version)
     path = [str(REPO)]
     if build.endswith("reverted"):
-        path.insert(0, str(reverted_copy(python, version)))  # built by the fixture, before the runs
+        path.insert(0, str(reverted_copy(python)))  # built by the fixture, before the runs
     code = "".join(f"import {module}\n" for module in KINDS[kind])
     proc = subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)),
                           capture_output=True, text=True, timeout=600)
@@ -60,7 +63,7 @@ def lines_of(build: str, kind: str) -> list[str]:
 def measured() -> dict[str, dict[str, list[str]]]:
     for version in LINES_VERSIONS:  # one install at a time, before the runs
         ensure_venv(version)
-    reverted_copy(ensure_venv(REVERTED_VERSION)[0], REVERTED_VERSION)
+    reverted_copy(ensure_venv(REVERTED_VERSION)[0])
     pairs = [(build, kind) for build in BUILDS for kind in KINDS]
     with ThreadPoolExecutor(max_workers=2) as pool:  # two cores
         found = list(pool.map(lambda pair: lines_of(*pair), pairs))
@@ -81,9 +84,11 @@ def test_every_kind_of_process_gives_one_verdict_per_build(measured):
     for build, kinds in measured.items():
         verdicts = {kind: lines[-1].split(":")[0] for kind, lines in kinds.items()}
         assert len(set(verdicts.values())) == 1, (build, verdicts)
-    assert measured[f"{REVERTED_VERSION} reverted"]["engine core"][-1].startswith("fixing: ")
-    assert measured["0.25.0"]["engine core"][-1].startswith("guarding: ")
-    assert all(measured[v]["tensor-parallel worker"][-1].startswith("removable: ") for v in LINES_VERSIONS[1:])
+    # The verdict each build's declared states give: a correction applied fixes, a stop alone guards.
+    for build, kinds in measured.items():
+        patched = [p for p in ALL if runs.expected(build)[p.name] == "patched"]
+        verdict = "fixing" if any(not p.stops for p in patched) else "guarding" if patched else "removable"
+        assert all(lines[-1].startswith(f"{verdict}: ") for lines in kinds.values()), (build, verdict, kinds)
 
 
 def test_every_line_a_real_process_prints_is_in_the_version_matrix(measured):

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__
-from tests.cases import CASES, PATCHES, STOP
+from dspark_hotfix.patches import ALL
 from tests.conftest import REPO, clean_env
+from tests.real_vllm import runs
 from tests.real_vllm.venvs import ensure_venv
 from tests.reporting.test_metrics import Scrape
 
@@ -28,16 +29,20 @@ pytestmark = pytest.mark.real_vllm
 
 INSIDE = Path(__file__).resolve().parent / "inside" / "scrape_metrics.py"
 VERSION = "0.25.0"
-# What 0.25.0 needs (docs/evidence/hybrid-off.md): the hybrid-off stop; the rest is fixed.
-DECIDED = {name: case.released for name, case in CASES.items()}
-# An API server's process imports the KV-cache grouping with its engine client, none of the model's modules.
-API_SERVER = {**dict.fromkeys(PATCHES, "pending"), STOP.name: "patched"}
+# What 0.25.0 needs, as each patch's test module declares it (RELEASED).
+DECIDED = runs.expected(VERSION)
+# An API server's process imports KV-cache grouping's module with its engine client and none of the model's:
+# the patches judged everywhere are decided there, the others pending.
+EVERYWHERE = [p.name for p in ALL if p.everywhere]
+API_SERVER = {name: DECIDED[name] if name in EVERYWHERE else "pending" for name in DECIDED}
 
 
 def run(*args: str) -> list[dict]:
     python, _ = ensure_venv(VERSION)
-    proc = subprocess.run([str(python), str(INSIDE), *args], env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=900)
+    modules = json.dumps(list(dict.fromkeys(p.module for p in ALL)))
+    env = clean_env(PYTHONPATH=str(REPO), TARGET_MODULES=modules)
+    proc = subprocess.run([str(python), str(INSIDE), *args], env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -54,7 +59,7 @@ def test_one_api_server_serves_the_states_of_its_own_process_from_the_default_re
     first, then = scraped(api), scraped(later)
     assert first.info == {("sitecustomize", __version__, None): 1}
     assert first.current() == API_SERVER
-    assert first.needed == {(STOP.name, None): 1}
+    assert first.needed == {(name, None): int(DECIDED[name] == "patched") for name in EVERYWHERE}
     assert then.current() == DECIDED
     assert then.needed == {(patch, None): int(state == "patched") for patch, state in DECIDED.items()}
 
@@ -70,4 +75,4 @@ def test_several_api_servers_serve_every_process_through_vllms_multiprocess_coll
     assert scrape.current(str(engine["pid"])) == DECIDED
     assert scrape.current(str(api["pid"])) == API_SERVER
     assert {(patch, pid) for (patch, pid) in scrape.needed} == {
-        *((patch, str(engine["pid"])) for patch in PATCHES), (STOP.name, str(api["pid"]))}
+        *((patch, str(engine["pid"])) for patch in DECIDED), *((name, str(api["pid"])) for name in EVERYWHERE)}

@@ -1,72 +1,99 @@
 """The summary line on stderr: one whole line once every patch is judged, a new whole line on each later
 decision, never silenced by a logging config applied after activation, and the same verdict in every
-process kind (engine core, worker, API server), on a fixed vLLM only the removable line."""
+process kind (one that imports every target, one that imports only the model's), on a fixed vLLM only the
+removable line. On the toy patches, in this process."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import logging
+import logging.config
+import os
+
 import pytest
 
+import dspark_hotfix
 from dspark_hotfix import __version__
-from tests.cases import PATCHES
-from tests.conftest import (
-    ALL_PATCHED,
-    ENGINE_CORE_FIRST,
-    IMPORT_ALL,
-    REPO,
-    RUNNER,
-    STANDIN,
-    STATUS,
-    json_lines,
-    last_json,
-    run_python,
-    state_of,
-    summary_lines,
-)
+from tests.conftest import state_of
+from tests.reporting.inprocess import activate, build
+from tests.toys import FAREWELL, GREETING, PLANNER, fixed
+
+FIXING = f"fixing: 2 patched ({GREETING.name}, {PLANNER.name}), 1 not_needed"
+REMOVABLE = "removable: 3 not_needed"
 
 
-def test_one_whole_line_once_every_patch_is_judged_and_none_for_later_imports():
-    # The engine core's order on vLLM 0.25.0: KV-cache grouping and the model, then the V2 runner.
-    proc = run_python(ENGINE_CORE_FIRST + f"import {RUNNER}\n" + STATUS)
-    rows = last_json(proc.stdout)
-    head = f"dspark_hotfix {__version__} (pid {rows[PATCHES[0]]['pid']}) via sitecustomize: "
-    assert summary_lines(proc.stderr) == [head + ALL_PATCHED]
-    assert {row["state"] for row in rows.values()} == {"patched"}
+def test_one_whole_line_once_every_patch_is_judged_and_none_for_later_imports(toys):
+    # The planner's module first: the greeting still waits for its module, so no line yet.
+    activate(modules=(PLANNER.module,))
+    assert toys.summaries() == []
+    activate(modules=(GREETING.module, PLANNER.module, "vllm.envs"))
+    head = f"dspark_hotfix {__version__} (pid {os.getpid()}) via sitecustomize: "
+    assert toys.summaries() == [head + FIXING]
+    assert set(toys.states().values()) == {"patched", "not_needed"}
 
 
-def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line():
+def _raising(answer, /, self, name):
+    raise ValueError("a field this shim does not know")
+
+
+def test_a_later_decision_gives_a_new_whole_line(toys, monkeypatch):
+    # The greeting's correction raises once vLLM calls it: the process's state changes, and says so.
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(GREETING, correction=_raising),
+                                                        FAREWELL, PLANNER))
+    activate()
+    from vllm.toy_model import Greeter
+
+    Greeter().greet("you")
+    Greeter().greet("again")  # said once: nothing new
+    assert [state_of(line) for line in toys.summaries()] == [
+        FIXING, f"problem: 1 patched ({PLANNER.name}), 1 raised ({GREETING.name}), 1 not_needed"]
+
+
+@pytest.fixture
+def logging_restored():
+    """dictConfig disables every logger of this process: each gets its own flag back afterwards."""
+    manager = logging.Logger.manager
+    flags = {name: logger.disabled for name, logger in manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    try:
+        yield
+    finally:
+        for name, disabled in flags.items():
+            manager.loggerDict[name].disabled = disabled  # type: ignore[union-attr]
+
+
+def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line(toys, logging_restored):
     # vLLM applies VLLM_LOGGING_CONFIG_PATH with dictConfig while `import vllm` runs, after the
     # shim activated; dictConfig's default disable_existing_loggers=True would disable its logger.
-    code = 'import logging.config, vllm\nlogging.config.dictConfig({"version": 1})\n' + IMPORT_ALL
-    proc = run_python(code)
-    (summary,) = summary_lines(proc.stderr)
-    assert summary.endswith(f"via sitecustomize: {ALL_PATCHED}")
+    dspark_hotfix.install("sitecustomize")
+    importlib.import_module("vllm")
+    logging.config.dictConfig({"version": 1})
+    assert logging.getLogger("dspark_hotfix").disabled
+    activate()
+    (summary,) = toys.summaries()
+    assert summary.endswith(f"via sitecustomize: {FIXING}")
 
 
-def test_on_a_fixed_vllm_the_removable_line_is_the_only_one_in_the_engine_cores_order(fixed_standin):
-    code = ENGINE_CORE_FIRST + f"import {RUNNER}\n" + STATUS
-    proc = run_python(code, path=(REPO, fixed_standin))
-    rows = json_lines(proc.stdout)[-1]
-    assert {row["state"] for row in rows.values()} == {"not_needed"}
-    assert [line.split("[dspark_hotfix] ")[1] for line in proc.stderr.splitlines()] == summary_lines(proc.stderr)
-    assert [state_of(line) for line in summary_lines(proc.stderr)] == [f"removable: {len(PATCHES)} not_needed"]
+def test_on_a_fixed_vllm_the_removable_line_is_the_only_one(toys, monkeypatch, tmp_path):
+    build(tmp_path, monkeypatch, fixed())
+    activate()
+    assert set(toys.states().values()) == {"not_needed"}
+    lines = toys.log.getvalue().splitlines()
+    assert len(lines) == len(toys.summaries()) == 1, lines  # no warning, nothing else
+    assert [state_of(line) for line in toys.summaries()] == [REMOVABLE]
 
 
-# A tensor-parallel worker's order: the model and the V2 runner, never vLLM's KV-cache grouping.
-WORKER = ("import vllm.models.deepseek_v4.attention, vllm.models.deepseek_v4.nvidia.dspark\n"
-          "import vllm.v1.attention.backends.mla.sparse_swa, vllm.v1.worker.gpu.attn_utils\n")
+# Which target modules a process kind imports: an engine core every one, a tensor-parallel worker only the
+# model's (never the planner's, as a worker never imports vLLM's KV-cache grouping).
+KINDS = {"engine core": (PLANNER.module, GREETING.module), "worker": (GREETING.module,)}
 
 
-@pytest.mark.parametrize("build", ["fixed", "reverted"])
-def test_every_process_kind_gives_the_same_verdict(fixed_standin, build):
-    # The stop's module is the engine core's (and the API server's), never a worker's: the shim
-    # imports it there to judge it, so a worker does not leave it pending.
-    path = (REPO, fixed_standin if build == "fixed" else STANDIN)
-    orders = {"engine core": ENGINE_CORE_FIRST + f"import {RUNNER}\n", "worker": WORKER,
-              "api server": ENGINE_CORE_FIRST}
-    last = {kind: state_of(summary_lines(run_python(code + STATUS, path=path).stderr)[-1])
-            for kind, code in orders.items()}
-    if build == "fixed":
-        assert set(last.values()) == {f"removable: {len(PATCHES)} not_needed"}, last
-    else:
-        assert {line.split(":")[0] for line in last.values()} == {"fixing"}, last
-        assert last["worker"] == last["engine core"] == last["api server"] == ALL_PATCHED
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("build_", ["fixed", "as shipped"])
+def test_every_process_kind_gives_the_same_verdict(toys, monkeypatch, tmp_path, kind, build_):
+    # The stop is everywhere: where vLLM does not import its module, the shim does to judge it, so a
+    # worker does not leave it pending.
+    if build_ == "fixed":
+        build(tmp_path, monkeypatch, fixed())
+    activate(modules=KINDS[kind])
+    assert [state_of(line) for line in toys.summaries()][-1:] == [REMOVABLE if build_ == "fixed" else FIXING]

@@ -1,9 +1,12 @@
-"""The shim's state on ``/metrics``: prometheus_client from PyPI, the stand-in build, real subprocesses.
+"""The shim's state on ``/metrics``: prometheus_client from PyPI, on the toy patches.
 
 vLLM serves prometheus_client's default registry with one API server and a
 ``MultiProcessCollector`` over ``PROMETHEUS_MULTIPROC_DIR`` with several; both
 are read here the way vLLM reads them (tests/real_vllm/test_metrics.py does it
-through vLLM 0.25.0's own ``get_prometheus_registry``).
+through vLLM 0.25.0's own ``get_prometheus_registry``). The default registry is
+read in this process (the ``toys`` fixture takes the gauges away afterwards);
+what prometheus_client decides as it is imported (the multiprocess directory, who
+imports it, a fork) in fresh interpreters.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import types
 
-from dspark_hotfix import __version__
-from tests.cases import PATCHES, REMAP, STOP, SWA
+import dspark_hotfix
+from dspark_hotfix import __version__, doctor, metrics
 from tests.conftest import (
-    FIXED,
-    IMPORT_ALL,
     REPO,
     STANDIN,
     child,
@@ -29,6 +32,8 @@ from tests.conftest import (
     warning_lines,
 )
 from tests.real_vllm.venvs import cache_dir
+from tests.reporting.inprocess import AS_SHIPPED, activate, build
+from tests.toys import FAREWELL, GREETING, IMPORT, NAMES, PLANNER, USE, fixed, module_file
 
 # Prints the dspark_hotfix samples of a registry (the default one unless given) as one JSON line.
 SCRAPE = """
@@ -40,6 +45,16 @@ def scrape(registry=_REGISTRY):
     print(_json.dumps([[s.name, s.labels, s.value] for f in _parse(_generate_latest(registry).decode())
                        for s in f.samples if s.name.startswith('dspark_hotfix_')]))
 """
+
+
+def samples(registry=None) -> list:
+    """The dspark_hotfix samples of a registry of this process (the default one unless given)."""
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(registry or REGISTRY).decode()
+    return [[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith("dspark_hotfix_")]
 
 
 class Scrape:
@@ -57,68 +72,91 @@ class Scrape:
         return {patch: state for (patch, state, p), v in self.state.items() if p == pid and v == 1}
 
 
-def scrapes(code: str, **env: str) -> list[Scrape]:
-    return [Scrape(line) for line in json_lines(run_python(SCRAPE + code, env=env).stdout)]  # type: ignore[arg-type]
+def scrape() -> Scrape:
+    return Scrape(samples())
 
 
-def test_each_patch_shows_its_state_and_follows_later_decisions():
-    before, after = scrapes("import vllm, prometheus_client\nscrape()\n" + IMPORT_ALL + "scrape()\n")
+# The default registry, in this process.
+
+def test_each_patch_shows_its_state_and_follows_later_decisions(toys):
+    dspark_hotfix.install("sitecustomize")
+    import prometheus_client  # noqa: F401  (vLLM imports it)
+
+    before = scrape()
+    activate()
+    after = scrape()
     assert before.info == {("sitecustomize", __version__, None): 1}
-    assert before.current() == dict.fromkeys(PATCHES, "pending")
+    assert before.current() == dict.fromkeys(NAMES, "pending")
     assert before.needed == {}  # not decided yet: no verdict to show
-    assert after.current() == dict.fromkeys(PATCHES, "patched")
-    assert {patch: v for (patch, state, _), v in after.state.items() if state == "pending"} == dict.fromkeys(PATCHES, 0)
-    assert after.needed == {(patch, None): 1 for patch in PATCHES}
+    assert after.current() == AS_SHIPPED
+    assert {patch: v for (patch, state, _), v in after.state.items() if state == "pending"} == dict.fromkeys(NAMES, 0)
+    assert after.needed == {(GREETING.name, None): 1, (FAREWELL.name, None): 0, (PLANNER.name, None): 1}
 
 
-def test_prometheus_client_imported_before_vllm_shows_the_states_at_activation():
-    (scrape,) = scrapes("import prometheus_client, vllm.v1.core.kv_cache_utils\nscrape()\n")
-    assert scrape.info == {("sitecustomize", __version__, None): 1}
-    assert scrape.current()[STOP.name] == "patched"
-    assert scrape.current()[REMAP.name] == "pending"
+def test_prometheus_client_imported_before_vllm_shows_the_states_at_activation(toys):
+    import prometheus_client  # noqa: F401
+
+    activate(modules=(PLANNER.module,))
+    current = scrape()
+    assert current.info == {("sitecustomize", __version__, None): 1}
+    assert current.current()[PLANNER.name] == "patched"
+    assert current.current()[GREETING.name] == "pending"
 
 
-def test_excluded_and_not_needed_patches_show_their_verdicts(tmp_path):
-    code = "import vllm, prometheus_client\n" + IMPORT_ALL + "scrape()\n"
-    (excluded,) = scrapes(code, DSPARK_HOTFIX_PATCHES=f"-{REMAP.name}")
-    assert excluded.current()[REMAP.name] == "excluded"
-    assert excluded.needed[(REMAP.name, None)] == 1  # what an alert on needed-but-not-installed reads
-    fixed = edited_standin(tmp_path / "fixed", FIXED)  # vLLM with the upstream fix: nothing is needed
-    proc = run_python(SCRAPE + code, path=(REPO, fixed))
-    (not_needed,) = (Scrape(line) for line in json_lines(proc.stdout))  # type: ignore[arg-type]
-    assert not_needed.current() == dict.fromkeys(PATCHES, "not_needed")
-    assert not_needed.needed == {(patch, None): 0 for patch in PATCHES}
+def test_an_excluded_patch_shows_excluded_and_needed(toys, monkeypatch):
+    monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{GREETING.name}")
+    activate()
+    excluded = scrape()
+    assert excluded.current()[GREETING.name] == "excluded"
+    assert excluded.needed[(GREETING.name, None)] == 1  # what an alert on needed-but-not-installed reads
 
 
-def test_nothing_is_shown_where_the_shim_is_off():
+def test_on_a_fixed_vllm_every_patch_shows_not_needed(toys, monkeypatch, tmp_path):
+    build(tmp_path, monkeypatch, fixed())  # vLLM with the upstream fix: nothing is needed
+    activate()
+    not_needed = scrape()
+    assert not_needed.current() == dict.fromkeys(NAMES, "not_needed")
+    assert not_needed.needed == {(patch, None): 0 for patch in NAMES}
+
+
+def test_nothing_is_shown_where_the_shim_is_off(toys, monkeypatch):
     # doctor judges every patch in its own process even then: still nothing to show.
-    proc = run_python(SCRAPE + "import vllm, prometheus_client, sys\n" + IMPORT_ALL + "scrape()\n"
-                      "from dspark_hotfix import doctor\nprint(_json.dumps(doctor.report('doctor')['patches'][0]))\n"
-                      "scrape()\n", env={"DSPARK_HOTFIX": "0"})
-    before, row, after = json_lines(proc.stdout)
-    assert row["state"] == "disabled"  # type: ignore[index]
-    assert before == after == []
+    monkeypatch.setenv("DSPARK_HOTFIX", "0")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    import prometheus_client  # noqa: F401
 
+    activate()
+    before = samples()
+    row = doctor.report("doctor")["patches"][0]
+    assert row["state"] == "disabled"
+    assert before == samples() == []
+
+
+def test_a_failure_in_the_metrics_path_warns_once_and_vllm_runs_patched(toys, monkeypatch):
+    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone).
+    fake = types.ModuleType("prometheus_client")
+
+    class Gauge:
+        def __init__(self, *args, **kwargs):
+            raise OSError("no space left on device")
+
+    fake.Gauge = Gauge  # type: ignore[attr-defined]
+    fake.REGISTRY = types.SimpleNamespace(register=lambda collector: None)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "prometheus_client", fake)
+    monkeypatch.setattr(metrics, "_warned", False)
+    monkeypatch.setenv("DSPARK_HOTFIX_STRICT", "1")
+    activate()
+    assert toys.states() == AS_SHIPPED
+    assert toys.lines("WARNING") == [
+        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]
+
+
+# What prometheus_client decides as it is imported, in fresh interpreters.
 
 def test_the_shim_never_imports_prometheus_client():
-    proc = run_python("import sys, vllm\n" + IMPORT_ALL + "import dspark_hotfix\n"
+    proc = run_python(USE + "import sys, vllm\n" + IMPORT + "import dspark_hotfix\n"
                       "print(dspark_hotfix.status()['patches'][0]['state'], 'prometheus_client' in sys.modules)\n")
     assert proc.stdout.split() == ["patched", "False"]
-
-
-def test_a_failure_in_the_metrics_path_warns_once_and_vllm_runs_patched(tmp_path):
-    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone).
-    fake = tmp_path / "prometheus_client"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("class Gauge:\n    def __init__(self, *a, **k):\n"
-                                      "        raise OSError('no space left on device')\n"
-                                      "class REGISTRY:\n    register = staticmethod(lambda collector: None)\n")
-    proc = run_python("import vllm, prometheus_client\n" + IMPORT_ALL + "import dspark_hotfix, json\n"
-                      "print(json.dumps([r['state'] for r in dspark_hotfix.status()['patches']]))\n",
-                      path=(tmp_path, REPO, STANDIN), env={"DSPARK_HOTFIX_STRICT": "1"})
-    assert json_lines(proc.stdout) == [["patched"] * len(PATCHES)]
-    assert warning_lines(proc.stderr) == [
-        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]
 
 
 def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
@@ -126,64 +164,71 @@ def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
     # the engine core (here: every target imported) writes its files, an API server collects them all.
     directory = str(tmp_path / "prometheus")
     os.mkdir(directory)
-    engine = run_python("import os, vllm, prometheus_client\n" + IMPORT_ALL + "print(os.getpid())\n",
+    engine = run_python(USE + "import os, vllm, prometheus_client\n" + IMPORT + "print(os.getpid())\n",
                         env={"PROMETHEUS_MULTIPROC_DIR": directory})
-    api = run_python(SCRAPE + "import os, vllm, prometheus_client\nfrom prometheus_client import CollectorRegistry, "
-                     "multiprocess\nregistry = CollectorRegistry()\nmultiprocess.MultiProcessCollector(registry)\n"
-                     "print([os.getpid()])\nscrape(registry)\nmultiprocess.mark_process_dead(" + engine.stdout.strip() +
-                     ")\nscrape(registry)\n", env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    api = run_python(USE + SCRAPE + "import os, vllm, prometheus_client\nfrom prometheus_client import "
+                     "CollectorRegistry, multiprocess\nregistry = CollectorRegistry()\n"
+                     "multiprocess.MultiProcessCollector(registry)\nprint([os.getpid()])\nscrape(registry)\n"
+                     "multiprocess.mark_process_dead(" + engine.stdout.strip() + ")\nscrape(registry)\n",
+                     env={"PROMETHEUS_MULTIPROC_DIR": directory})
     (api_pid,), both, after = json_lines(api.stdout)  # type: ignore[misc]
     engine_pid, api_pid = engine.stdout.strip(), str(api_pid)
     both, after = Scrape(both), Scrape(after)  # type: ignore[arg-type]
     assert both.info == {("sitecustomize", __version__, engine_pid): 1, ("sitecustomize", __version__, api_pid): 1}
-    assert both.current(engine_pid) == dict.fromkeys(PATCHES, "patched")
-    assert both.current(api_pid) == dict.fromkeys(PATCHES, "pending")
+    assert both.current(engine_pid) == AS_SHIPPED
+    assert both.current(api_pid) == dict.fromkeys(NAMES, "pending")
     assert {pid for (_, pid) in both.needed} == {engine_pid}
     # vLLM marks a process dead at shutdown; its series go with it ("liveall"), the others stay.
     assert {pid for (_, _, pid) in after.state} == {api_pid}
 
 
-
 def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what six pods' processes export."""
-    def pod(name: str, *processes: tuple[str, dict[str, str], tuple]) -> list:
+    def pod(name: str, *processes: tuple[str, dict[str, str], tuple]) -> str:
         directory = tmp_path / name
         directory.mkdir()
         for code, env, path in processes:
-            run_python("import vllm, prometheus_client\n" + code, path=path,
+            run_python(USE + "import vllm, prometheus_client\n" + code, path=(REPO, *path),
                        env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env})
-        collect = ("from prometheus_client import CollectorRegistry, multiprocess\nr = CollectorRegistry()\n"
-                   "multiprocess.MultiProcessCollector(r, path=" + repr(str(directory)) + ")\nscrape(r)\n")
-        return json_lines(run_python(SCRAPE + collect, path=()).stdout)[0]  # type: ignore[return-value]
+        return str(directory)
 
-    fixed = edited_standin(tmp_path / "fixed-standin", FIXED)
-    swa = "vllm/v1/attention/backends/mla/sparse_swa.py"  # fixed, and a signature the shim does not know: failed
-    signature = ("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer=0)")
-    broken = edited_standin(tmp_path / "broken-standin", {**FIXED, swa: [*FIXED[swa], signature]})
-    engine, api, off = (IMPORT_ALL, {}, (REPO, STANDIN)), ("", {}, (REPO, STANDIN)), {"DSPARK_HOTFIX": "0"}
-    pods = {
+    fixed_copy = edited_standin(tmp_path / "fixed-standin", fixed())
+    # fixed, and a signature the shim does not know: failed
+    signature = ("def greet(self, name)", "def greet(self, name, title='')")
+    edits = fixed()
+    edits[module_file(GREETING)] = [*edits[module_file(GREETING)], signature]
+    broken = edited_standin(tmp_path / "broken-standin", edits)
+    engine, api, off = (IMPORT, {}, (STANDIN,)), ("", {}, (STANDIN,)), {"DSPARK_HOTFIX": "0"}
+    directories = {
         "patched": pod("patched", engine, api),
-        "excluded": pod("excluded", (IMPORT_ALL, {"DSPARK_HOTFIX_PATCHES": f"-{REMAP.name}"}, (REPO, STANDIN))),
-        "fixed": pod("fixed", (IMPORT_ALL, {}, (REPO, fixed)), ("", {}, (REPO, fixed))),
-        # an API server's process alone: the grouping judged, the model's patches never
-        "fixed-api-server": pod("fixed-api-server", ("import vllm.v1.core.kv_cache_utils\n", {}, (REPO, fixed))),
-        "fixed-failed": pod("fixed-failed", (IMPORT_ALL, {}, (REPO, broken))),
-        "off": pod("off", (IMPORT_ALL, off, (REPO, STANDIN))),
+        "excluded": pod("excluded", (IMPORT, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))),
+        "fixed": pod("fixed", (IMPORT, {}, (fixed_copy,)), ("", {}, (fixed_copy,))),
+        # an API server's process alone: the planner judged, the model's patches never
+        "fixed-api-server": pod("fixed-api-server", (f"import {PLANNER.module}\n", {}, (fixed_copy,))),
+        "fixed-failed": pod("fixed-failed", (IMPORT, {}, (broken,))),
+        "off": pod("off", (IMPORT, off, (STANDIN,))),
     }
+    # One collector per pod, all read by one interpreter without the shim.
+    collect = ("from prometheus_client import CollectorRegistry, multiprocess\n"
+               f"for directory in {list(directories.values())!r}:\n"
+               "    r = CollectorRegistry()\n"
+               "    multiprocess.MultiProcessCollector(r, path=directory)\n"
+               "    scrape(r)\n")
+    pods = dict(zip(directories, json_lines(run_python(SCRAPE + collect, path=()).stdout), strict=True))
     assert pods["off"] == []
-    (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}
-    (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}
+    (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}  # type: ignore[union-attr]
+    (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}  # type: ignore[union-attr]
 
     def series(name: str, labels: dict[str, str]) -> str:
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
     where = {"namespace": "serving"}
     inputs = [{"series": series(name, {**labels, **where, "pod": p}), "values": f"{value:g}x10"}
-              for p, samples in pods.items() for name, labels, value in samples]
+              for p, samples in pods.items() for name, labels, value in samples]  # type: ignore[union-attr]
     inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p}), "values": "0x10"} for p in pods]
     needed_not_installed, could_drop, without_shim = documented_queries()
-    excluded = {**where, "pod": "excluded", "patch": REMAP.name, "pid": excluded_pid}
-    failed = {**where, "pod": "fixed-failed", "patch": SWA.name, "pid": failed_pid}
+    excluded = {**where, "pod": "excluded", "patch": GREETING.name, "pid": excluded_pid}
+    failed = {**where, "pod": "fixed-failed", "patch": GREETING.name, "pid": failed_pid}
     expected = [
         (needed_not_installed, [(series("dspark_hotfix_patch_needed", excluded), 1),
                                 (series("dspark_hotfix_patch_needed", failed), -1)]),
@@ -235,9 +280,9 @@ def promtool() -> str:
 
 
 # A child forked while another thread of the parent publishes: the state lock held at the fork.
-FORKED = """
+FORKED = USE + """
 import json, os, threading, prometheus_client, vllm
-import vllm.v1.core.kv_cache_utils, vllm.v1.attention.backends.mla.sparse_swa
+import vllm.toy_planner
 import dspark_hotfix.state as state
 held, done = threading.Event(), threading.Event()
 def publishing():  # what a thread mid-publish looks like to a fork
@@ -248,7 +293,7 @@ threading.Thread(target=publishing, daemon=True).start()
 held.wait()
 pid = os.fork()
 if pid == 0:
-    import vllm.models.deepseek_v4.attention  # decisions in the child (and the remap's module): they publish
+    import vllm.toy_model  # decisions in the child: they publish
     from prometheus_client import generate_latest
     info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
     print(json.dumps(info), flush=True)
@@ -267,8 +312,8 @@ def test_a_child_forked_while_the_parent_publishes_decides_and_shows_the_shim_ac
 
 def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_path):
     # prometheus_client starts a forked child's values afresh: its first decision sets info again.
-    code = ("import json, os, prometheus_client, vllm\nimport vllm.v1.core.kv_cache_utils\n"
-            "pid = os.fork()\nif pid == 0:\n    import vllm.models.deepseek_v4.attention\n    os._exit(0)\n"
+    code = (USE + "import json, os, prometheus_client, vllm\nimport vllm.toy_planner\n"
+            "pid = os.fork()\nif pid == 0:\n    import vllm.toy_model\n    os._exit(0)\n"
             "os.waitpid(pid, 0)\nprint(pid)\n")
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     child_pid = int(proc.stdout.split()[-1])
@@ -281,7 +326,7 @@ def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_
 
 
 # Another thread is part-way through importing prometheus_client when vLLM's import activates the shim.
-HALF_IMPORTED = """
+HALF_IMPORTED = USE + """
 import importlib.util, json, sys, threading, time
 started = threading.Event()
 class Slow:  # holds the other thread inside prometheus_client's import until the shim activates
@@ -306,7 +351,7 @@ importing = threading.Thread(target=__import__, args=("prometheus_client",))
 importing.start()
 started.wait(5)
 import vllm
-""" + IMPORT_ALL + """
+""" + IMPORT + """
 importing.join()
 from prometheus_client import generate_latest
 print(json.dumps([l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info")]))

@@ -8,23 +8,31 @@ tests/switches/test_config.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import marshal
 import os
 import re
+import runpy
 import sys
 import sysconfig
 
 import pytest
 
+from tests.activation.children import (
+    AS_SHIPPED,
+    CALLS,
+    JUDGED,
+    UNWRAPPED,
+    WRAP_DEPTH,
+)
 from tests.conftest import (
-    IMPORT_ALL,
-    PATCHES,
     REPO,
     STANDIN,
     STATUS,
     WATCHING,
-    WRAP_DEPTH,
     clean_env,
+    edited_standin,
     json_lines,
     last_json,
     listing,
@@ -33,8 +41,8 @@ from tests.conftest import (
     summary_lines,
     warning_lines,
 )
+from tests.toys import IMPORT, NAMES, TOYS, USE, fixed, module_file
 
-WARMUP = f"import sys; sys.path.insert(0, {str(STANDIN)!r}); import warmup\nwarmup.run()\n"
 LOG_LINE = re.compile(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[dspark_hotfix\] ")
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT")
 
@@ -70,16 +78,16 @@ def test_nothing_in_the_working_directory_is_read_or_run(decoy_cwd, tmp_path, ho
     elif how == "python prog.py":
         prog = tmp_path / "bin" / "prog.py"
         prog.parent.mkdir()
-        prog.write_text(IMPORT_ALL + STATUS)
+        prog.write_text(USE + IMPORT + STATUS)
         argv, imports = [sys.executable, str(prog)], True
     else:
         env["PYTHONSAFEPATH"] = "1"
-        argv, imports = [sys.executable, "-c", IMPORT_ALL + STATUS], True
+        argv, imports = [sys.executable, "-c", USE + IMPORT + STATUS], True
     proc = run_in_env(argv, env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     assert list(marks.iterdir()) == [] and "DECOY" not in proc.stdout + proc.stderr
     if imports:
-        assert {r["state"] for r in last_json(proc.stdout).values()} == {"patched"}
+        assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED
     else:
         assert proc.stdout == "True\n"
 
@@ -89,7 +97,9 @@ SYS_PATH += "\n"
 
 
 def test_the_shim_adds_nothing_to_sys_path(tmp_path):
-    code = SYS_PATH + IMPORT_ALL + SYS_PATH
+    # Without the shim on PYTHONPATH the toys come from the checkout appended last, then taken off again.
+    use = f"import sys; sys.path.append({str(REPO)!r})\n{USE}sys.path.remove({str(REPO)!r})\n"
+    code = SYS_PATH + use + IMPORT + SYS_PATH
 
     def paths(**kwargs):
         return json_lines(run_python(code, cwd=tmp_path, **kwargs).stdout)
@@ -106,7 +116,8 @@ def test_a_silent_process_writes_nothing_to_stdout_and_creates_no_files(tmp_path
         d.mkdir()
     env = {"HOME": str(dirs["home"]), "TMPDIR": str(dirs["tmp"])}
     quiet = run_python("pass", cwd=dirs["cwd"], env=env)
-    busy = run_python(IMPORT_ALL + WARMUP + "import dspark_hotfix; dspark_hotfix.status()", cwd=dirs["cwd"], env=env)
+    busy = run_python(USE + IMPORT + CALLS.replace("print(", "(") + "import dspark_hotfix; dspark_hotfix.status()",
+                      cwd=dirs["cwd"], env=env)
     assert quiet.stdout == quiet.stderr == ""
     assert busy.stdout == ""
     lines = busy.stderr.splitlines()
@@ -145,16 +156,22 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
     secret = "DSPARK-PAYLOAD-f00d"
     # DSPARK_HOTFIX is left alone: a value not understood turns the shim off (test above).
     env = {var: f"__import__('os').system('touch {marks / var}') # {secret}" for var in SWITCHES[1:]}
-    code = AUDITED.replace("{work}", IMPORT_ALL + WARMUP + "import dspark_hotfix; dspark_hotfix.status()")
+    # The toys are the patch set: their own module is the tests', read in a phase of its own.
+    work = f'PHASE = "toys"\n{USE}PHASE = "vllm"\n'
+    work += IMPORT + CALLS + "import dspark_hotfix; dspark_hotfix.status()"
+    code = AUDITED.replace("{work}", work)
     proc = run_python(code, flags=("-S", "-P", "-B"), cwd=cwd, env={**env, "HOME": str(home)})
     events = last_json(proc.stdout)
-    assert {e[0] for e in events} == {"start-up", "vllm"}  # the hook saw both phases
+    assert {e[0] for e in events} == {"start-up", "toys", "vllm"}  # the hook saw every phase
     assert [e for e in events if e[1] not in ("open", "compile")] == []  # no socket, process, env or fs change
     ours = (str(REPO / "dspark_hotfix"), str(REPO / "sitecustomize.py"), str(REPO / "__pycache__" / "sitecustomize."))
     allowed = (*ours, str(STANDIN), sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix)
-    for _, _, path, mode, flags in (e for e in events if e[1] == "open"):
+    for phase, _, path, mode, flags in (e for e in events if e[1] == "open"):
         if isinstance(path, str):
-            assert path.startswith(allowed) and not path.startswith((str(cwd), str(home))), path
+            toys = (str(REPO / "tests" / "__init__.py"), str(REPO / "tests" / "toys.py"),
+                    str(REPO / "tests" / "__pycache__" / "__init__."), str(REPO / "tests" / "__pycache__" / "toys."))
+            assert path.startswith(allowed + (toys if phase == "toys" else ())), path
+            assert not path.startswith((str(cwd), str(home))), path
         assert mode is None or not set(str(mode)) & set("wax+"), (path, mode)
         if mode is None and isinstance(flags, int):
             assert not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT), (path, flags)
@@ -164,7 +181,9 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
 
 
 def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
-    code = "import sys, json; print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))"
+    # Until a vLLM module is imported: other imports (here a package's submodule) leave the shim asleep.
+    code = ("import sys, json, xml.dom.minidom\n"
+            "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))")
     with_shim = json.loads(run_python(code).stdout)
     without = json.loads(run_python(code, path=(STANDIN,)).stdout)
     stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
@@ -176,19 +195,73 @@ def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
     assert [n for n, p in added.items() if p and p.startswith(ours)] == ["sitecustomize"]
 
 
-def test_a_vllm_that_is_already_fixed_is_left_untouched(fixed_standin):
-    warmup = f"import sys; sys.path.insert(0, {str(fixed_standin)!r}); import warmup, json\n" \
-             "print(json.dumps(warmup.run()))\n"
-    code = IMPORT_ALL + WRAP_DEPTH + warmup + STATUS
-    on = run_python(code, path=(REPO, fixed_standin))
-    off = run_python(code, path=(REPO, fixed_standin), env={"DSPARK_HOTFIX": "0"})
-    depth, report, rows = json_lines(on.stdout)
-    assert depth == dict.fromkeys(PATCHES, 0)  # vLLM's own functions, unwrapped
-    assert report["error"] is None and report == json_lines(off.stdout)[1]
+# Prints, per toy whose module is imported, what vLLM's attribute holds: its type, and its code's file and
+# digest (marshal's bytes of the code object); None where there is no such attribute.
+FINGERPRINT = """
+import hashlib as _hashlib, json as _json, marshal as _marshal, sys as _sys
+from dspark_hotfix.patches import ALL as _ALL
+
+def _fingerprint(p):
+    *owners, name = p.qualname.split('.')
+    owner = _sys.modules[p.module]
+    for part in owners:
+        owner = getattr(owner, part)
+    f = vars(owner).get(name)
+    if f is None:
+        return None
+    code = f.__code__
+    return [type(f).__name__, code.co_filename, _hashlib.sha256(_marshal.dumps(code)).hexdigest()]
+
+print(_json.dumps({p.name: _fingerprint(p) for p in _ALL if p.module in _sys.modules}))
+"""
+
+
+def shipped_fingerprints(root) -> dict[str, list[str] | None]:
+    """FINGERPRINT's answer for the build at ``root`` as it ships: its files compiled here, nothing else run."""
+    out: dict[str, list[str] | None] = {}
+    for patch in TOYS:
+        path = str(root / module_file(patch))
+        namespace = runpy.run_path(path)
+        *owners, name = patch.qualname.split(".")
+        owner = namespace[owners[0]] if owners else None
+        f = vars(owner).get(name) if owner is not None else namespace.get(name)
+        out[patch.name] = None if f is None else [
+            "function", f.__code__.co_filename, hashlib.sha256(marshal.dumps(f.__code__)).hexdigest()]
+    return out
+
+
+def untouched(build, **env: str):
+    """Imports and calls the toy build at ``build`` (-B: no bytecode written): wrap depths, fingerprints, answers
+    and status; and the build's files, listed before and after."""
+    before = listing(build)
+    proc = run_python(USE + IMPORT + WRAP_DEPTH + FINGERPRINT + CALLS + STATUS, path=(REPO, build), flags=("-B",),
+                      env=env)
+    assert listing(build) == before  # not a byte of vLLM's files written, nor a file added
+    return proc, json_lines(proc.stdout)
+
+
+def test_a_vllm_that_is_already_fixed_is_left_untouched(tmp_path):
+    build = edited_standin(tmp_path / "fixed", fixed())
+    on, (depth, prints, calls, rows) = untouched(build)
+    off, (off_depth, off_prints, off_calls, _) = untouched(build, DSPARK_HOTFIX="0")
+    assert depth == off_depth == UNWRAPPED  # vLLM's own functions, unwrapped
+    assert off.stderr == ""  # off says nothing
+    assert prints == off_prints == shipped_fingerprints(build)  # byte for byte the code it ships
+    assert calls == off_calls == {"greet": "hello, ada", "plan": [1, 2], "compact": [1, 2]}  # its own answers
     assert {r["state"] for r in rows.values()} == {"not_needed"}
     assert warning_lines(on.stderr) == []
     (summary,) = summary_lines(on.stderr)
-    assert summary.endswith(f" via sitecustomize: removable: {len(PATCHES)} not_needed")
+    assert summary.endswith(f" via sitecustomize: removable: {len(NAMES)} not_needed")
+
+
+def test_with_the_shim_off_vllm_is_left_untouched(tmp_path):
+    build = edited_standin(tmp_path / "buggy", {})
+    off, (depth, prints, calls, rows) = untouched(build, DSPARK_HOTFIX="0")
+    assert depth == UNWRAPPED
+    assert prints == shipped_fingerprints(build)
+    assert calls == AS_SHIPPED  # the toy build's bugs included
+    assert {r["state"] for r in rows.values()} == {"disabled"}
+    assert off.stderr == ""
 
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}

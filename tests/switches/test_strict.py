@@ -1,86 +1,27 @@
 """``DSPARK_HOTFIX_STRICT``: off by default, on for true words only; strict, a patch that cannot be applied
-(a changed signature, every fault of tests/cases.py, no or an unusable wrapt, a draft left unloaded)
-stops the process naming the patch, its target and a remedy that exists, and every retried import is refused.
-"""
+(a toy target renamed or with another signature, no or an unusable wrapt) stops the process naming the patch,
+its target and a remedy that exists, every retried import is refused, and a correction that raises stops vLLM.
+
+On the toy patches, in this process; where the interpreter has no wrapt, in one. Each real patch's faults
+in strict mode: tests/patches/test_every_patch.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
+import dspark_hotfix
 from dspark_hotfix import config
-from tests.cases import ATTENTION, CORRECTIONS, FAULTS, SWA
-from tests.conftest import (
-    IMPORT_ALL,
-    REPO,
-    STANDIN,
-    STATUS,
-    edited_standin,
-    json_lines,
-    last_json,
-    run_python,
-)
-from tests.patches.faults import (
-    driver,
-    fault,  # noqa: F401  (the fixture: each fault's edited stand-in)
-)
-
-
-def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(broken_standin):
-    proc = run_python(IMPORT_ALL, path=(REPO, broken_standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
-    assert proc.returncode == 1
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"dspark_hotfix.registry.HotfixError: {SWA.name}: cannot patch ")
-    assert "DeepseekV4SWACache.get_kv_cache_spec" in last and f"DSPARK_HOTFIX_PATCHES=-{SWA.name}" in last
-
-
-def test_strict_mode_without_wrapt_stops_naming_wrapt_and_the_remedy(tmp_path):
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    proc = run_python(IMPORT_ALL, python=str(tmp_path / "venv" / "bin" / "python"),
-                      env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
-    assert proc.returncode != 0, "strict mode let vLLM run unpatched without wrapt"
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "HotfixError" in last and "wrapt" in last
-    assert re.search(r"install wrapt|DSPARK_HOTFIX=0", last, re.IGNORECASE), f"no remedy named: {last}"
-
-
-RETRIES = """
-import json
-errors = []
-for attempt in range(3):
-    try:
-        import vllm.models.deepseek_v4.attention
-        errors.append(None)
-    except Exception as exc:
-        errors.append(type(exc).__name__)
-print(json.dumps(errors))
-"""
-
-
-@pytest.mark.parametrize("wrapt_body", [None, "# a wrapt without register_post_import_hook\n__version__ = '0'\n"],
-                         ids=["no wrapt", "wrapt without the hook API"])
-def test_strict_mode_without_a_usable_wrapt_fails_every_retry_and_status_names_why(tmp_path, wrapt_body):
-    # A retried import must not load vLLM unpatched, and a wrapt that is not the one the shim knows is
-    # as unusable as none: strict mode stops, status() says failed (not pending) and why.
-    if wrapt_body is None:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-        python, extra = str(tmp_path / "venv" / "bin" / "python"), ()
-    else:
-        (tmp_path / "odd").mkdir()
-        (tmp_path / "odd" / "wrapt.py").write_text(wrapt_body)
-        python, extra = sys.executable, (tmp_path / "odd",)
-    path = (*extra, REPO, STANDIN)
-    proc = run_python(RETRIES, python=python, path=path, env={"DSPARK_HOTFIX_STRICT": "1"})
-    assert json_lines(proc.stdout)[-1] == ["HotfixError"] * 3, proc.stderr
-    rows = last_json(run_python("import vllm.models.deepseek_v4.attention\n" + STATUS, python=python, path=path).stdout)
-    assert {row["state"] for row in rows.values()} == {"failed"}
-    assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows
-
-
-NAMES = tuple(p.name for p in CORRECTIONS)
+from dspark_hotfix.registry import HotfixError
+from tests.conftest import json_lines, run_python
+from tests.reporting.inprocess import activate, build, strict
+from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, USE, module_file
 
 
 def settings(**environ: str) -> config.Settings:
@@ -95,49 +36,132 @@ def test_strict_is_off_by_default_and_on_for_true_words_only():
         "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is off"]
 
 
-def test_strict_mode_stops_naming_the_patch_its_target_and_the_remedy(fault):  # noqa: F811
-    spec, standin = fault
-    proc = run_python(driver(spec.names), path=(REPO, standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
-    assert proc.returncode != 0 and proc.stdout == ""
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("dspark_hotfix.registry.HotfixError: ")
-    named = [name for name in spec.failed if f"HotfixError: {name}: " in last]
-    assert len(named) == 1, last
-    from dspark_hotfix.patches import ALL
-
-    target = next(p for p in ALL if p.name == named[0]).target
-    assert target in last, f"the message does not name the target {target}: {last}"
-    assert f"DSPARK_HOTFIX_PATCHES=-{named[0]}" in last, f"the message names no remedy: {last}"
+# Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it says.
+FAULTS = {
+    "class renamed": ({module_file(GREETING): [("class Greeter:", "class Welcomer:")]}, GREETING,
+                      "vllm.toy_model has no class Greeter"),
+    "method renamed": ({module_file(GREETING): [("def greet(self, name)", "def salute(self, name)")]}, GREETING,
+                       "Greeter defines no greet"),
+    "signature changed": ({module_file(GREETING): [("def greet(self, name)", "def greet(self, name, title='')")]},
+                          GREETING, "unexpected signature Greeter.greet(self, name, title)"),
+    "function renamed": ({module_file(PLANNER): [("def plan(", "def schedule(")]}, PLANNER,
+                         "vllm.toy_planner defines no plan"),
+}
 
 
-def test_strict_remedy_names_only_commands_that_exist(tmp_path):
-    spec = FAULTS["attention signature changed"]
-    standin = edited_standin(tmp_path / "standin", spec.edits)
-    proc = run_python(driver(spec.names), path=(REPO, standin), env={"DSPARK_HOTFIX_STRICT": "1"}, check=False)
-    message = proc.stderr.strip().splitlines()[-1]
-    assert f"DSPARK_HOTFIX_PATCHES=-{ATTENTION.name}" in message
-    for command in re.findall(r"`dspark-hotfix ([a-z-]+)[^`]*`", message):
-        help_run = run_python(f"import sys; sys.argv = ['dspark-hotfix', {command!r}, '--help']\n"
-                              "from dspark_hotfix.cli import main; main()", path=(REPO,), check=False)
-        assert help_run.returncode == 0, f"the remedy names `dspark-hotfix {command}`, which does not exist"
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(toys, monkeypatch, tmp_path, fault):
+    edits, patch, detail = FAULTS[fault]
+    build(tmp_path, monkeypatch, edits)
+    strict(monkeypatch)
+    dspark_hotfix.install("sitecustomize")
+    with pytest.raises(HotfixError) as stopped:
+        importlib.import_module(patch.module)
+    message = str(stopped.value)
+    assert message.startswith(f"{patch.name}: cannot patch {patch.target}: "), message
+    assert detail in message
+    assert f"DSPARK_HOTFIX_PATCHES=-{patch.name}" in message
 
 
-RETRY = """
+def test_strict_remedy_names_only_commands_that_exist(toys, monkeypatch, tmp_path, capsys):
+    edits, patch, _ = FAULTS["signature changed"]
+    build(tmp_path, monkeypatch, edits)
+    strict(monkeypatch)
+    dspark_hotfix.install("sitecustomize")
+    with pytest.raises(HotfixError) as stopped:
+        importlib.import_module(patch.module)
+    commands = re.findall(r"`dspark-hotfix ([a-z-]+)[^`]*`", str(stopped.value))
+    assert commands, str(stopped.value)
+    from dspark_hotfix.cli import main
+
+    for command in commands:
+        with pytest.raises(SystemExit) as helped:
+            main([command, "--help"])
+        assert helped.value.code == 0, f"the remedy names `dspark-hotfix {command}`, which does not exist"
+
+
+def test_strict_mode_refuses_every_retried_import_of_a_broken_target(toys, monkeypatch, tmp_path):
+    build(tmp_path, monkeypatch, FAULTS["signature changed"][0])
+    strict(monkeypatch)
+    dspark_hotfix.install("sitecustomize")
+    errors = []
+    for _ in range(2):
+        try:
+            importlib.import_module(GREETING.module)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        else:
+            errors.append(None)
+    first, retry = errors
+    assert first is not None and first.startswith(f"HotfixError: {GREETING.name}: "), first
+    assert retry == first
+
+
+def _raising(answer, /, self, name):
+    raise ValueError("a field this shim does not know")
+
+
+def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
+    # Without strict mode vLLM's own answer goes on (tests/reporting/test_one_truth.py); strict, the call fails.
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(GREETING, correction=_raising),
+                                                        FAREWELL, PLANNER))
+    strict(monkeypatch)
+    activate()
+    from vllm.toy_model import Greeter
+
+    with pytest.raises(HotfixError) as stopped:
+        Greeter().greet("you")
+    assert str(stopped.value).startswith(f"{GREETING.name}: correction raised ValueError: a field this shim does "
+                                         f"not know in {GREETING.target}; ")
+    assert isinstance(stopped.value.__cause__, ValueError)
+    assert toys.states()[GREETING.name] == "raised"
+
+
+# Where wrapt cannot be used: a wrapt that is not the one the shim knows, in this process; none at all, in an
+# interpreter without it.
+
+def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_why(toys, monkeypatch):
+    # A retried import must not load vLLM unpatched, and a wrapt that is not the one the shim knows is
+    # as unusable as none: strict mode stops, status() says failed (not pending) and why.
+    monkeypatch.setitem(sys.modules, "wrapt", types.ModuleType("wrapt"))  # no register_post_import_hook
+    strict(monkeypatch)
+    with pytest.raises(HotfixError) as stopped:
+        dspark_hotfix.install("sitecustomize")
+    assert "wrapt" in str(stopped.value) and "install wrapt" in str(stopped.value)
+    errors = []
+    for _ in range(3):
+        try:
+            importlib.import_module(GREETING.module)
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+    assert errors == ["HotfixError"] * 3
+    rows = toys.status()
+    assert {row["state"] for row in rows.values()} == {"failed"}
+    assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows
+
+
+RETRIES = USE + """
 import json
+from dspark_hotfix import status
 errors = []
-for attempt in range(2):
+for attempt in range(3):
     try:
-        import vllm.v1.attention.backends.mla.sparse_swa
+        import vllm.toy_model
+        errors.append(None)
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
-    else:
-        errors.append(None)
 print(json.dumps(errors))
+print(json.dumps({row['name']: row for row in status()['patches']}))
 """
 
 
-def test_strict_mode_refuses_every_retried_import_of_a_broken_target(standins):
-    proc = run_python(RETRY, path=(REPO, standins["changed signature"]), env={"DSPARK_HOTFIX_STRICT": "1"})
-    first, retry = last_json(proc.stdout)
-    assert first is not None and first.startswith(f"HotfixError: {SWA.name}: "), first
-    assert retry == first
+def test_strict_mode_without_wrapt_stops_every_import_naming_wrapt_and_the_remedy(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    proc = run_python(RETRIES, python=python, env={"DSPARK_HOTFIX_STRICT": "1"})
+    errors, rows = json_lines(proc.stdout)
+    assert len(errors) == 3 and len(set(errors)) == 1, errors  # type: ignore[arg-type]
+    message = errors[0]  # type: ignore[index]
+    assert message.startswith("HotfixError: not active: wrapt is not usable"), message
+    assert re.search(r"install wrapt|DSPARK_HOTFIX=0", message, re.IGNORECASE), f"no remedy named: {message}"
+    assert {row["state"] for row in rows.values()} == {"failed"}  # type: ignore[union-attr]

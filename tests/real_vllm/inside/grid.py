@@ -72,6 +72,16 @@ def fp8_specs() -> dict[str, object]:
     }
 
 
+def specs(block_size: int, cache_dtype: str) -> list[object]:
+    """What vLLM's own spec methods answer for the grid's layers of one block size and cache dtype."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+
+    cfg = config(block_size, cache_dtype)
+    return [*(DeepseekV4Attention.get_kv_cache_spec(attention_layer(ratio, cache_dtype), cfg) for ratio in COMPRESS),
+            DeepseekV4SWACache.get_kv_cache_spec(swa_layer(block_size, cache_dtype), cfg)]
+
+
 def runner_view(reshape: Any, kind: str, spec: Any, num_blocks: int = 4, layer: str = "layer") -> dict[str, object]:
     """The KV view vLLM's V2 runner builds for ``spec`` (``kind``: ``attention`` or ``swa``).
 

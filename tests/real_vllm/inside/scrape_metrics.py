@@ -1,7 +1,7 @@
 """Scrapes vLLM's own ``/metrics`` for the shim's series, in processes arranged as ``vllm serve`` arranges them.
 
-Run by ``tests/real_vllm/test_metrics.py`` with a real vLLM venv's python and the
-repository on ``PYTHONPATH``; prints one JSON object per line:
+Run by ``tests/real_vllm/test_metrics.py`` with a real vLLM venv's python, the
+repository on ``PYTHONPATH`` and ``TARGET_MODULES``; prints one JSON object per line:
 
 - ``api``: an API server's process: what it imports for its engine client
   (``vllm.v1.engine.async_llm``), vLLM's ``/metrics`` route (``attach_router``) on a
@@ -20,9 +20,9 @@ import os
 import subprocess
 import sys
 
-# The engine core's grouping and the workers' runner and model (the DSpark draft included).
-ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu.attn_utils", "vllm.models.deepseek_v4.attention",
-          "vllm.models.deepseek_v4.nvidia.dspark", "vllm.v1.attention.backends.mla.sparse_swa")
+# The engine core, the workers' runner, and every patch's target module (TARGET_MODULES, JSON, from the test:
+# the model's, the DSpark draft's, the grouping's).
+ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu.attn_utils", *json.loads(os.environ["TARGET_MODULES"]))
 
 
 def samples(text: str) -> list[list]:

@@ -1,0 +1,199 @@
+"""How a patch is wrapped around vLLM's function, on the toy patches (tests/toys.py) in this process: the
+wrapper takes vLLM's arguments as vLLM's function does (whatever their names), calls vLLM once and passes its
+answer through the correction; a correction or check that raises gives vLLM's own answer, said once; a finding
+stops vLLM worded as the finding. And a target module this vLLM lacks leaves its patches waiting, without a
+word, while ``dspark-hotfix status`` names it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+import dspark_hotfix
+from dspark_hotfix import cli
+from dspark_hotfix.patches import Finding
+from dspark_hotfix.registry import HotfixError
+from tests import toys as toy_patches
+from tests.conftest import edited_standin
+
+GREETING, PLANNER = toy_patches.GREETING, toy_patches.PLANNER
+
+
+def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do(toys):
+    # Keyword calls bind as on vLLM's function, and a wrong call fails the same way.
+    dspark_hotfix.install()
+    from vllm.toy_model import Greeter
+    from vllm.toy_planner import plan
+
+    assert toys.states()[GREETING.name] == toys.states()[PLANNER.name] == "patched"
+    assert list(inspect.signature(Greeter.__dict__["greet"]).parameters) == ["self", "name"]
+    assert Greeter().greet(name="ada") == Greeter().greet("ada") == "hello, ada"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nom'"):
+        Greeter().greet(nom="ada")
+    compact_off = SimpleNamespace(compact=False)
+    assert plan(config=compact_off, items=[1, 2]) == plan(compact_off, [1, 2]) == [1, 2]
+
+
+@pytest.mark.parametrize("parameters", [("self", "name"), ("self", "result"), ("self", "vllm"), ("self", "returned"),
+                                        ("a", "b", "c")])
+def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parameters):
+    from dspark_hotfix import registry
+    from dspark_hotfix.patches import Need, Patch
+
+    namespace: dict = {}
+    exec(f"def target({', '.join(parameters)}):\n    return ({', '.join(parameters)},)", namespace)
+
+    def correction(answer, /, *args, **kwargs):
+        assert answer == tuple(args) + tuple(kwargs.values())
+        return (*answer, "corrected")
+
+    patch = Patch("echo", "nowhere", "target", parameters, probe=lambda function: Need(True, ""), correction=correction)
+    wrapper = registry._wrap(registry.Activation("test"), registry.Record(patch), namespace["target"])
+    values = list(range(len(parameters)))
+    assert wrapper(*values) == (*values, "corrected")
+    assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
+    assert wrapper.__wrapped__ is namespace["target"]
+
+
+# Spies standing for vLLM's toy functions: the one patch is a toy with its correction or check changed.
+
+
+def greeter(monkeypatch, **changes: Any) -> tuple[list, Any]:
+    """The toy greeting patch (with ``changes``) as the one patch, installed on a spy standing for vLLM's
+    ``Greeter.greet``: it greets as the toy build does and raises KeyError for ``"bad"`` (vLLM's own error).
+    Returns the names vLLM was called with (the probe's left out) and a greeter."""
+    from vllm import toy_model
+
+    calls: list = []
+
+    def greet(self, name):
+        calls.append(name)
+        if name == "bad":
+            raise KeyError(name)
+        return f"helo, {name}"
+
+    monkeypatch.setattr(toy_model.Greeter, "greet", greet)
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(GREETING, **changes),))
+    dspark_hotfix.install()  # its module is imported: the hook judges it at once
+    calls.clear()
+    return calls, toy_model.Greeter()
+
+
+def planner(monkeypatch, **changes: Any) -> tuple[list, ModuleType]:
+    """The same for the toy stop (with ``changes``) on a spy standing for vLLM's ``plan``. Returns the items vLLM
+    was called with and the module, whose ``plan`` vLLM's callers look up when they call it."""
+    from vllm import toy_planner
+
+    calls: list = []
+
+    def plan(config, items):
+        calls.append(list(items))
+        return list(items)[: -1 if config.compact else None]
+
+    monkeypatch.setattr(toy_planner, "plan", plan)
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(PLANNER, **changes),))
+    dspark_hotfix.install()
+    calls.clear()
+    return calls, toy_planner
+
+
+def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correction(toys, monkeypatch):
+    seen: list = []
+
+    def correction(answer, /, self, name):
+        seen.append(answer)
+        return GREETING.correction(answer, self, name)
+
+    calls, greeting = greeter(monkeypatch, correction=correction)
+    assert greeting.greet("ada") == "hello, ada"
+    assert calls == ["ada"] and seen == ["helo, ada"]
+    assert toys.status()[GREETING.name]["corrections"] == 1
+
+
+def test_vllms_own_error_passes_through_and_no_correction_runs(toys, monkeypatch):
+    seen: list = []
+    calls, greeting = greeter(monkeypatch, correction=lambda answer, /, self, name: seen.append(answer))
+    with pytest.raises(KeyError, match="bad"):
+        greeting.greet("bad")
+    assert calls == ["bad"] and seen == [] and toys.lines("WARNING") == []
+
+
+def broken(*args: Any) -> None:
+    raise ValueError("no layout")
+
+
+def test_a_correction_that_raises_gives_vllms_answer_and_says_so_once(toys, monkeypatch):
+    calls, greeting = greeter(monkeypatch, correction=broken)
+    assert [greeting.greet("ada") for _ in range(2)] == ["helo, ada"] * 2 and calls == ["ada"] * 2
+    (warning,) = toys.lines("WARNING")
+    assert warning.startswith(f"{GREETING.name}: correction raised ValueError: no layout"), warning
+    assert toys.states()[GREETING.name] == "raised"
+
+
+def test_a_check_that_raises_gives_vllms_answer_and_says_so_once(toys, monkeypatch):
+    calls, module = planner(monkeypatch, check=broken)
+    compact = SimpleNamespace(compact=True)
+    assert [module.plan(compact, [1, 2]) for _ in range(2)] == [[1]] * 2 and calls == [[1, 2]] * 2
+    (warning,) = toys.lines("WARNING")
+    assert warning.startswith(f"{PLANNER.name}: check raised ValueError: no layout"), warning
+
+
+def finds(*args: Any) -> None:
+    raise Finding("views too narrow")
+
+
+@pytest.mark.parametrize("kind", ["check", "correction"])
+def test_a_finding_stops_vllm_worded_as_the_finding(toys, monkeypatch, kind):
+    """A stop's check finds before vLLM's function runs (it never runs); a correction after it ran."""
+    if kind == "check":
+        calls, module = planner(monkeypatch, check=finds)
+        name, call = PLANNER.name, lambda: module.plan(SimpleNamespace(compact=True), [1, 2])
+    else:
+        calls, greeting = greeter(monkeypatch, correction=finds)
+        name, call = GREETING.name, lambda: greeting.greet("ada")
+    with pytest.raises(HotfixError, match=rf"^{name}: views too narrow; see `dspark-hotfix doctor`$") as stopped:
+        call()
+    assert " raised " not in str(stopped.value)
+    assert calls == ([] if kind == "check" else ["ada"])
+
+
+# A target module this vLLM lacks (an older release that ships no such module, say).
+
+
+def without(monkeypatch, tmp_path, patch) -> None:
+    """The stand-in without ``patch``'s target module, first on ``sys.path``."""
+    build = edited_standin(tmp_path / "standin", {}, remove=(toy_patches.module_file(patch),))
+    monkeypatch.syspath_prepend(str(build))
+
+
+@pytest.mark.parametrize("strict", [None, "1"], ids=["default", "strict"])
+@pytest.mark.parametrize(("missing", "imported"), [(PLANNER, GREETING), (GREETING, PLANNER)],
+                         ids=["without the stop's module", "without the corrections' module"])
+def test_a_missing_target_module_leaves_its_patches_waiting_without_a_warning(toys, monkeypatch, tmp_path, missing,
+                                                                               imported, strict):
+    # Never imported: nothing failed, nothing to say, strict or not. An everywhere patch's module the
+    # registry fails to import itself waits the same way.
+    without(monkeypatch, tmp_path, missing)
+    if strict:
+        monkeypatch.setenv("DSPARK_HOTFIX_STRICT", strict)
+    dspark_hotfix.install()
+    importlib.import_module(imported.module)
+    rows = toys.status()
+    for patch in [p for p in toy_patches.TOYS if p.module == missing.module]:
+        assert rows[patch.name]["state"] == "pending", rows[patch.name]
+        assert f"waiting for {missing.module}" in rows[patch.name]["detail"]
+    assert rows[imported.name]["state"] == "patched"
+    assert toys.lines("WARNING") == []
+
+
+def test_dspark_hotfix_status_names_a_target_module_it_cannot_import(toys, monkeypatch, tmp_path, capsys):
+    without(monkeypatch, tmp_path, PLANNER)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # `status` drops it from os.environ
+    assert cli.main(["status"]) == 1
+    out = capsys.readouterr().out
+    assert f"PROBLEM       cannot import {PLANNER.module}: ModuleNotFoundError" in out, out
