@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench import activation  # noqa: E402
-from tests.real_vllm.venvs import cache_dir, ensure_venv  # noqa: E402
+from scripts.venvs import cache_dir, ensure_venv  # noqa: E402
 
 STANDIN = REPO / "tests" / "standin"
 STARTUP = REPO / "dspark_hotfix" / "startup"  # what `dspark-hotfix path` prints

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix"))
+from scripts.venvs import cache_dir
 
 
 def pip_target(name: str, wanted: str) -> Path:

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from harness import serve_h200
+from scripts.venvs import ensure_venv
 from tests.conftest import REPO, clean_env
-from tests.real_vllm.venvs import ensure_venv
 
 LOAD = {"input": 16, "output": 8, "prompts": 8, "concurrency": 4}
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.venvs import cache_dir
 from tests.conftest import REPO, STANDIN, clean_env, run_in_env
-from tests.real_vllm.venvs import cache_dir
 from tests.toys import USE
 
 STARTUP = REPO / "dspark_hotfix" / "startup"

@@ -33,10 +33,10 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.cli import startup_dir
+from scripts.venvs import cache_dir, ensure_venv
 from tests import status_shape
 from tests.conftest import REPO, clean_env
 from tests.real_vllm.runs import expected
-from tests.real_vllm.venvs import cache_dir, ensure_venv
 
 pytestmark = pytest.mark.coexist
 

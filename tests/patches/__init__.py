@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from dspark_hotfix.patches import Patch
-from tests.real_vllm.venvs import LINES_VERSIONS as RELEASES  # noqa: F401  (the releases RELEASED covers)
+from scripts.venvs import LINES_VERSIONS as RELEASES  # noqa: F401  (the releases RELEASED covers)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hotfix.patches import ALL
+from scripts.venvs import VERSIONS as VERSIONS
+from scripts.venvs import cache_dir, ensure_venv
 from tests.conftest import REPO, clean_env
 from tests.patches import declared
 from tests.real_vllm import revert
-from tests.real_vllm.venvs import VERSIONS as VERSIONS
-from tests.real_vllm.venvs import cache_dir, ensure_venv
 
 INSIDE = Path(__file__).resolve().parent / "inside"
 REVERTED_VERSION = "0.25.0"  # the first release with the upstream fixes, the reported build's torch (2.11)

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from scripts.venvs import VERSIONS
 from tests.conftest import REPO
 from tests.real_vllm import runs
 from tests.real_vllm.runs import REVERTED, REVERTED_VERSION
-from tests.real_vllm.venvs import VERSIONS
 
 pytestmark = pytest.mark.real_vllm
 

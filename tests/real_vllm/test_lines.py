@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from dspark_hotfix.patches import ALL
+from scripts.venvs import LINES_VERSIONS, ensure_venv
 from tests.conftest import REPO, clean_env, state_of, summary_lines
 from tests.real_vllm import runs
 from tests.real_vllm.runs import REVERTED, REVERTED_VERSION, reverted_copy
-from tests.real_vllm.venvs import LINES_VERSIONS, ensure_venv
 
 pytestmark = pytest.mark.real_vllm
 

@@ -20,9 +20,9 @@ import pytest
 
 from dspark_hotfix import __version__
 from dspark_hotfix.patches import ALL
+from scripts.venvs import ensure_venv
 from tests.conftest import REPO, clean_env
 from tests.real_vllm import runs
-from tests.real_vllm.venvs import ensure_venv
 from tests.reporting.test_metrics import Scrape
 
 pytestmark = pytest.mark.real_vllm

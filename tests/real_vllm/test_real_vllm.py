@@ -17,9 +17,9 @@ import subprocess
 
 import pytest
 
+from scripts.venvs import VERSIONS, ensure_venv
 from tests.conftest import REPO, clean_env
 from tests.real_vllm import runs
-from tests.real_vllm.venvs import VERSIONS, ensure_venv
 
 pytestmark = pytest.mark.real_vllm
 

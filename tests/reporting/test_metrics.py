@@ -21,6 +21,7 @@ import types
 
 import dspark_hotfix
 from dspark_hotfix import __version__, doctor, metrics
+from scripts.venvs import cache_dir
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -31,7 +32,6 @@ from tests.conftest import (
     run_python,
     warning_lines,
 )
-from tests.real_vllm.venvs import cache_dir
 from tests.reporting.inprocess import AS_SHIPPED, activate, build
 from tests.toys import FAREWELL, GREETING, IMPORT, NAMES, PLANNER, USE, fixed, module_file
 

@@ -1,4 +1,5 @@
-"""One virtual environment per real vLLM release, built from PyPI and reused.
+"""One virtual environment per real vLLM release, built from PyPI and reused (the real-vLLM tier, `make bench`
+and the harness tests build them).
 
 They live outside the repository (``~/.cache/dspark-hotfix``, or
 ``$DSPARK_HOTFIX_CACHE``): one takes about 2 minutes and 9.5 GB to build.
