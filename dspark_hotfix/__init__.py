@@ -12,50 +12,27 @@ when the shim activates, and never before. Nothing here raises, except
 """
 
 import os
-import sys
+
+from dspark_hotfix.startup.sitecustomize import FALSE_WORDS, TRUE_WORDS, say, shown, switch
 
 __version__ = "0.5.0"
-__all__ = ["HotfixError", "__version__", "install", "status"]
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "HotfixError", "__version__", "enabled", "install", "say", "shown", "status",
+           "switch"]
 
 ENABLE = "DSPARK_HOTFIX"
-TRUE_WORDS = ("1", "true", "on", "yes")
-FALSE_WORDS = ("0", "false", "off", "no")
 _enabled = None
 
 
-def say(text):
-    """A line on stderr, where it can be written; start-up goes on without it."""
-    try:
-        sys.stderr.write(text + "\n")
-    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
-        pass
-
-
-def shown(raw, limit=60):
-    """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
-    text = repr(raw)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(raw)} characters)"
-
-
-def switch_problem(name, raw, meaning):
-    """The complaint about a value of an on/off switch that is neither a true nor a false word."""
-    if raw is None or raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
-        return None
-    return f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: {meaning}"
+class HotfixError(RuntimeError):
+    """Strict mode (or a stop): the shim stops vLLM, saying why."""
 
 
 def enabled():
-    """``DSPARK_HOTFIX``: on when unset or a true word; any other value is off.
-
-    An A/B whose B arm is silently patched is worse than none, so a value that
-    is neither a true nor a false word turns the shim off too, and says so once
-    on stderr.
-    """
+    """``DSPARK_HOTFIX``: on where unset, blank or a true word; off otherwise. A value that is
+    neither a true nor a false word is said once on stderr (:func:`~dspark_hotfix.startup.sitecustomize.switch`)."""
     global _enabled
     if _enabled is None:
-        raw = os.environ.get(ENABLE)
-        _enabled = raw is None or raw.strip().lower() in TRUE_WORDS
-        problem = switch_problem(ENABLE, raw, "the hotfix is OFF in this process")
+        _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True)
         if problem:
             say(f"dspark_hotfix: {problem}")
     return _enabled
@@ -71,15 +48,15 @@ def install(source="api"):
             from dspark_hotfix import registry
 
             registry.activate(source)
+    except HotfixError:  # strict mode: the import of vLLM, or its plugin loader, fails
+        raise
     except Exception as exc:
-        if type(exc).__name__ == "HotfixError":  # strict mode: the import of vLLM, or its plugin loader, fails
-            raise
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
 
 def __getattr__(name):
-    if name in ("HotfixError", "status"):
+    if name == "status":
         from dspark_hotfix import registry
 
-        return getattr(registry, name)
+        return registry.status
     raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from dspark_hotfix import ENABLE, state
 
 EPILOG = """\
 environment:
-  DSPARK_HOTFIX          1/true/on/yes or unset: on; 0/false/off/no: off;
+  DSPARK_HOTFIX          1/true/on/yes, blank or unset: on; 0/false/off/no: off;
                          anything else: off, with a warning
   DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these)
   DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied stops vLLM
@@ -135,8 +135,9 @@ if sys.flags.no_site:
     stop(1, "-S: it runs no site, so no sitecustomize; start it without -S")
 if sys.flags.ignore_environment:
     stop(1, f"-{'I' if sys.flags.isolated else 'E'}: it ignores PYTHONPATH; start it without that option")
-# Ours ran: it watches for vLLM, or it imported the package to read DSPARK_HOTFIX.
-started = "dspark_hotfix" in sys.modules or any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
+# Ours ran: it is the sitecustomize of this process (it chains one it shadows), or it watches for vLLM.
+started = hasattr(sys.modules.get("sitecustomize"), "VllmImportWatcher") or \
+    any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
 try:
     import dspark_hotfix.registry, wrapt
 except ImportError as exc:

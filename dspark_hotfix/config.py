@@ -10,7 +10,7 @@ warning is printed by every process of a serving image.
 import os
 from collections.abc import Iterable, Mapping
 
-from dspark_hotfix import ENABLE, TRUE_WORDS, patches, shown, switch_problem
+from dspark_hotfix import ENABLE, patches, shown, switch
 
 PATCHES = "DSPARK_HOTFIX_PATCHES"
 STRICT = "DSPARK_HOTFIX_STRICT"
@@ -45,10 +45,9 @@ class Settings:
     """The switches of this process, with the complaints their values raised."""
 
     def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
-        self.strict = (env.get(STRICT) or "").strip().lower() in TRUE_WORDS
+        self.strict, strict_problem = switch(STRICT, env.get(STRICT), False)
         self.selected, self.unknown = parse_selection(env.get(PATCHES), known)  # unknown: ignored, warned
-        self.problems = [p for p in (switch_problem(ENABLE, env.get(ENABLE), "the shim is OFF"),
-                                     switch_problem(STRICT, env.get(STRICT), "strict mode is off")) if p]
+        self.problems = [p for p in (switch(ENABLE, env.get(ENABLE), True)[1], strict_problem) if p]
 
 
 def settings() -> Settings:

@@ -29,21 +29,24 @@ from typing import Any
 import dspark_hotfix
 from dspark_hotfix import state
 
-_gauges: tuple[Any, Any, Any] | None = None  # info, state, needed: made once per process
-_warned = False
+_gauges: tuple[Any, ...] | None = None  # info, state, needed: made once per process; (): they could not be
 
 
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
     """Set the gauges to the records' states; nothing until ``prometheus_client`` has run. Also
     wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its import."""
-    global _gauges, _warned
+    global _gauges
     if module is None and not state.running("prometheus_client"):
         module = sys.modules.get("prometheus_client")
     if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
         return
     try:
         with state.lock:
-            _gauges = _gauges or _make(module, source, records)
+            if _gauges is None:
+                _gauges = ()  # tried once: a failure below is said once and never retried
+                _gauges = _make(module, source, records)
+            if not _gauges:
+                return
             info, states, needed = _gauges
             info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
             for row in state.judge(records)["patches"]:
@@ -52,24 +55,23 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 if row["state"] != state.PENDING:
                     needed.labels(row["name"]).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
-        if not _warned:
-            _warned = True
-            state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
-                                       "the patches are not affected")
+        state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
+                                   "the patches are not affected")
 
 
-def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, Any, Any]:
-    # Registered first, so that a scrape of the default registry publishes before it reads the gauges.
-    module.REGISTRY.register(_AtScrape(source, records))
+def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, ...]:
     mode = "liveall"  # per process: see above
-    return (
+    gauges = (  # made apart from any registry, so that one that cannot be made registers nothing
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
-                     "what activated it", ["version", "activated_by"], multiprocess_mode=mode),
+                     "what activated it", ["version", "activated_by"], multiprocess_mode=mode, registry=None),
         module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
-                     "state", ["patch", "state"], multiprocess_mode=mode),
+                     "state", ["patch", "state"], multiprocess_mode=mode, registry=None),
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
-                     "process: 1 yes, 0 no, -1 not judged", ["patch"], multiprocess_mode=mode),
+                     "process: 1 yes, 0 no, -1 not judged", ["patch"], multiprocess_mode=mode, registry=None),
     )
+    for collector in (_AtScrape(source, records), *gauges):  # first: a scrape publishes before it reads the gauges
+        module.REGISTRY.register(collector)
+    return gauges
 
 
 class _AtScrape:

@@ -32,13 +32,9 @@ from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
-from dspark_hotfix import config, metrics, patches, state
+from dspark_hotfix import HotfixError, config, metrics, patches, state
 from dspark_hotfix.patches import Finding, Patch
-from dspark_hotfix.state import DISABLED, EXCLUDED, FAILED, NOT_NEEDED, PATCHED, PENDING, Record, log
-
-
-class HotfixError(RuntimeError):
-    """Strict mode (or a stop): the shim stops vLLM, saying why."""
+from dspark_hotfix.state import DISABLED, EXCLUDED, FAILED, NOT_NEEDED, PATCHED, PENDING, UNDECIDED, Record, log
 
 
 class Unavailable(Exception):
@@ -50,103 +46,114 @@ class Absent(Unavailable):
 
 
 class Activation:
-    """The activation of the registry in this process."""
+    """The activation of the registry in this process: made once, never undone."""
 
     def __init__(self, source: str) -> None:
         self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ""  # said: the last line's state
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
-        self.thread = threading.get_ident()
-        self.done = threading.Event()  # every hook is registered (or activation gave up)
+        self.registering = threading.RLock()  # one thread registers the hooks at a time
+        self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
+        self.stuck: set[str] = set()  # modules a thread of the parent was importing when this process forked
 
 
 _active: Activation | None = None  # guarded by state.lock
 
 
 def _before_fork() -> None:
-    """A fork waits (10 s at most) for an activation under way in another thread: it may hold the
-    import lock of a vLLM module, and a child that inherits it held hangs on that import."""
-    if _active is not None and _active.thread != threading.get_ident():
-        _active.done.wait(10)
+    """A fork waits (10 s at most) for a registration under way in another thread: a child that
+    inherits it half-done completes it itself, but cannot import what that thread was importing."""
+    if _active is not None and _active.registering.acquire(timeout=10):
+        _active.registering.release()
 
 
 def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
-    the fork would hang every import in the child. An activation the wait gave up on is dropped:
-    the child starts afresh on its own (its hooks, registered or not, then do nothing)."""
+    the fork would hang every import in the child. The child keeps what its parent had done; it
+    completes the rest, but never waits for a module that a thread of the parent was importing."""
     state.lock = threading.Lock()  # (the gauges' too)
-    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
-        importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    if _active is not None and not _active.done.is_set():
-        _active.done.set()
-        _discard(_active)
+    _renew_wrapt_lock()
+    if _active is not None:
+        _active.registering = threading.RLock()
+        _active.stuck = {r.patch.module for r in _active.records.values() if state.running(r.patch.module)}
+        if not all(r.hooked for r in _active.records.values()):
+            with contextlib.suppress(Exception):  # (said by the records it leaves pending)
+                activate(_active.source)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def activate(source: str) -> None:
-    """Register the post-import hooks, whole or not at all: a second caller waits for
-    the first, and an interrupt leaves no activation behind. With ``DSPARK_HOTFIX``
-    off (only ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
+def activate(source: str) -> bool:
+    """Register the post-import hooks of every patch not hooked yet; True once all are. The first
+    caller makes the activation; a second caller waits for a registration under way, then
+    completes whatever an interrupt left. An interrupt during a registration is raised once the
+    registration is whole: nothing is ever undone. With ``DSPARK_HOTFIX`` off (only ``doctor`` and
+    ``status`` activate then) every patch is judged, none applied."""
     global _active
     with state.lock:
-        activation, mine = _active, _active is None
-        if mine:
-            activation = _active = Activation(source)
-    assert activation is not None
-    if not mine:
-        if activation.thread != threading.get_ident():  # the same thread: a hook of this very activation
-            activation.done.wait()
-        if activation.enabled:  # a forked child's gauges start empty
-            metrics.publish(activation.source, activation.records.values())
-        return
-    try:
-        _register(activation)
-    except BaseException as exc:
-        if not isinstance(exc, HotfixError):  # an interrupt: a later import or install() starts again
-            _discard(activation)
-        raise
-    finally:
-        activation.done.set()
+        activation, mine = _active or Activation(source), _active is None
+        _active = activation
+    for problem in [*activation.settings.problems, *filter(None, [activation.settings.unknown])]:
+        if mine and activation.enabled:
+            log(logging.WARNING, problem)
+    with activation.registering:
+        try:
+            _register(activation)
+        except HotfixError:
+            raise
+        except BaseException:  # an interrupt: the hooks first, then the interrupt
+            _register(activation)
+            raise
     _report(activation)
     _import_everywhere(activation)
-
-
-def _discard(activation: Activation) -> None:
-    """Undo an activation that did not finish: what it wrapped is vLLM's own again."""
-    global _active
-    _active = None
-    for record in activation.records.values():
-        if record.target is not None:
-            owner, name, original = record.target
-            setattr(owner, name, original)
+    return all(r.hooked for r in activation.records.values())
 
 
 def _register(activation: Activation) -> None:
-    settings = activation.settings
-    for problem in [*settings.problems, *filter(None, [settings.unknown])] if activation.enabled else ():
-        log(logging.WARNING, problem)
+    if activation.metrics and all(r.hooked for r in activation.records.values()):
+        return
     try:
         import wrapt
 
         _copyable(wrapt.importer)
-        for record in activation.records.values():
-            if _wait_for(record.patch.module):
+        for record in (r for r in activation.records.values() if not r.hooked):
+            if _wait_for(activation, record.patch.module):
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
+                record.hooked = True
             else:
-                record.detail = f"{record.patch.module} was part-way imported by this thread when the shim activated"
-        if activation.enabled and _wait_for("prometheus_client"):
+                record.detail = f"{record.patch.module} was part-way imported when the shim activated, by this " \
+                                "thread (further up) or by a thread of the process this one was forked from"
+        if not activation.metrics and _wait_for(activation, "prometheus_client"):
             hook = functools.partial(metrics.publish, activation.source, activation.records.values())
             wrapt.register_post_import_hook(hook, "prometheus_client")
+            activation.metrics = True
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
-        why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
-        for record in activation.records.values():
-            _set_state(activation, record, FAILED, None, why)
-        _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, or "
-                                f"set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
+        why = f"wrapt is not usable ({type(exc).__name__}: {exc})"  # said once; strict mode raises at every try
+        settled = [_set_state(activation, r, FAILED, None, why) for r in activation.records.values()]
+        if any(settled) or activation.settings.strict:
+            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, "
+                                    f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
+
+
+# wrapt's private names, in this one place (tests/activation/test_wrapt_internals.py holds them to the
+# wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
+
+def _renew_wrapt_lock() -> None:
+    """In a forked child: wrapt's finder takes this lock on every import, so one held at the fork
+    would hang every import."""
+    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
+        importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
+
+
+def _rearm(module: str, hook: Callable[..., Any]) -> None:
+    """Put a hook back for ``module``'s next import: wrapt drops a module's hooks as it runs them,
+    and an import an interrupt ended is retried (``register_post_import_hook`` would run it now)."""
+    importer = sys.modules["wrapt.importer"]
+    with importer._post_import_hooks_lock:
+        importer._post_import_hooks.setdefault(module, []).append(hook)
 
 
 def _copyable(importer: Any) -> None:
@@ -165,25 +172,28 @@ def _copyable(importer: Any) -> None:
         chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
 
 
-def _wait_for(name: str) -> bool:
-    """Wait for a module another thread is importing, as hooks judge whole modules.
-    False where this very thread is importing it, further up: no hook can judge it."""
-    if state.running(name):
+def _wait_for(activation: Activation, name: str) -> bool:
+    """Wait for a module another thread is importing, as hooks judge whole modules. False where it
+    cannot complete: this very thread is importing it, further up, or a thread of the parent was,
+    before this process forked (its lock belongs to a thread that does not exist here)."""
+    if state.running(name) and name not in activation.stuck:
         with contextlib.suppress(Exception):  # (its own error is vLLM's to meet)
             importlib.import_module(name)
     return not state.running(name)
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    if _active is not activation:  # a hook of an activation a fork left (the child started anew)
-        return
     try:
         _decide(activation, record, module)
-        _report(activation)
-        _import_everywhere(activation)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
-        _refuse(module.__name__, str(exc))
+        _rearm(module.__name__, functools.partial(_refuse, str(exc)))
         raise
+    except BaseException:  # an interrupt: the import fails, and its retry must find the hook
+        if state.running(module.__name__):
+            _rearm(module.__name__, functools.partial(_on_import, activation, record))
+        raise
+    _report(activation)
+    _import_everywhere(activation)
 
 
 def _report(activation: Activation) -> None:
@@ -203,7 +213,7 @@ def _import_everywhere(activation: Activation) -> None:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
     one verdict. Its hook then decides and reports."""
     waiting = [r for r in activation.records.values() if r.state == PENDING]
-    if activation.done.is_set() and all(r.patch.everywhere for r in waiting):
+    if all(r.hooked for r in activation.records.values()) and all(r.patch.everywhere for r in waiting):
         for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
             with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
                 importlib.import_module(module)
@@ -214,8 +224,11 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     patch, target = record.patch, None
     try:
         target = resolve(patch, module)
+        if target[2] is record.wrapper:  # wrapped by a decision an interrupt cut short: settle it
+            _set_state(activation, record, PATCHED, record.needed, record.detail)
+            return
         needed, why = patch.probe(target[2])
-        word = PATCHED if needed is not False else NOT_NEEDED
+        word = PATCHED if needed else NOT_NEEDED if needed is False else UNDECIDED
     except Absent as exc:
         needed, why, word = (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED) if patch.absent else \
             (None, str(exc), FAILED)
@@ -242,44 +255,30 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
             word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
-        elif word == PATCHED and target is not None:
-            owner, name, original = record.target = target
+        record.needed, record.detail = needed, why
+        if word == PATCHED and target is not None:  # the state last: an interrupt before it leaves the
+            owner, name, original = record.target = target  # wrapper, which the next decision settles
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
-        record.state, record.needed, record.detail = word, needed, why
+        record.state = word
         return word
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          cause: BaseException | None = None, refuse: str = "", unpatched: bool = False) -> None:
+          cause: BaseException | None = None, unpatched: bool = False) -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
-    finding vLLM would not survive, stop it with the same words (and, where
-    ``refuse`` names a module, every later import of it too)."""
+    finding vLLM would not survive, stop it with the same words."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if stop or activation.settings.strict:
-        if refuse:
-            _refuse(refuse, text)
         raise HotfixError(text) from cause
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
 
 
-def _refuse(module: str, error: str) -> None:
-    """Strict mode: wrapt drops the hook whose HotfixError aborted ``module``'s import (and
-    without a usable wrapt there is no hook at all), so a retried import would load the module
-    unpatched. One finder fails every retry the same way; under the import lock it only looks
-    a name up."""
-    _refused.setdefault(module, error)
-    if _refuser not in sys.meta_path:
-        sys.meta_path.insert(0, _refuser)
-
-
-def _find_refused(fullname: str, path: Any = None, target: Any = None) -> None:
-    if fullname in _refused:
-        raise HotfixError(_refused[fullname])
-
-
-_refused: dict[str, str] = {}  # module -> the error its import raised
-_refuser = types.SimpleNamespace(find_spec=_find_refused)
+def _refuse(error: str, module: Any) -> None:
+    """Strict mode's hook on a module whose import a HotfixError ended: wrapt dropped the hook that
+    raised, so without this one a retried import would load the module unpatched."""
+    _rearm(module.__name__, functools.partial(_refuse, error))
+    raise HotfixError(error)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:

@@ -30,10 +30,11 @@ PENDING = "pending"  # not judged yet: its module is not imported
 PATCHED = "patched"  # vLLM calls the shim's wrapper
 RAISED = "raised"  # patched, but its correction raised: vLLM's own answer was used at least once
 NOT_NEEDED = "not_needed"  # the running vLLM is right already: left untouched
+UNDECIDED = "undecided"  # judged, not applied: its probe could not tell whether this vLLM needs it
 EXCLUDED = "excluded"  # judged, not applied: DSPARK_HOTFIX_PATCHES leaves it off
 FAILED = "failed"  # cannot be applied, or vLLM no longer calls the wrapper (its module reloaded)
 DISABLED = "disabled"  # the shim is off, or not installed in this process
-STATES = (PATCHED, RAISED, NOT_NEEDED, PENDING, EXCLUDED, FAILED, DISABLED)
+STATES = (PATCHED, RAISED, NOT_NEEDED, UNDECIDED, PENDING, EXCLUDED, FAILED, DISABLED)
 
 # The verdict: one word for the process, and what it means. Exit codes of status and doctor.
 VERDICTS = {
@@ -66,6 +67,7 @@ class Record:
         self.raised = ""  # what the correction raised, if it ever did
         self.target: tuple[Any, str, Any] | None = None  # vLLM's owner, attribute name and function, once wrapped
         self.wrapper: Any = None  # what vLLM's function was replaced with
+        self.hooked = False  # its post-import hook is registered (it stays so)
 
 
 def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
@@ -121,7 +123,8 @@ def verdict(records: list[Record], rows: list[dict[str, Any]], found: list[str])
     """The process word (see VERDICTS)."""
     if found:
         return "problem"
-    if any(each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None for each in rows):
+    if any(each["state"] == UNDECIDED or (each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None)
+           for each in rows):
         return "undecided"
     patched = [r.patch for r, each in zip(records, rows, strict=True) if each["state"] == PATCHED]
     if any(not patch.stops for patch in patched):

@@ -4,12 +4,12 @@ At interpreter start this is the only module of the shim that loads, and it
 imports only the standard library: it puts :class:`VllmImportWatcher` on
 ``sys.meta_path``, then runs the ``sitecustomize`` it shadows (:func:`chain`).
 The ``dspark_hotfix`` package is imported when ``vllm`` is, and activates its
-registry then; where ``DSPARK_HOTFIX`` is set to anything but ``1``, it is
-imported at once to read the switch (``DSPARK_HOTFIX=0`` turns the shim off). No ``from __future__``, no
-``typing``, no ``importlib.abc`` base class (importing it pulls in ``pathlib``
-and ``re``), no logging. Nothing here raises (a start-up hook that fails would
-break every process in the image), except the package's ``HotfixError`` in
-strict mode, when vLLM is imported.
+registry then; where ``DSPARK_HOTFIX`` is not understood, it is imported at once
+to say so. :func:`switch` is the one reading of the switches, the package's too.
+No ``from __future__``, no ``typing``, no ``importlib.abc`` base class (importing
+it pulls in ``pathlib`` and ``re``), no logging. Nothing here raises (a start-up
+hook that fails would break every process in the image), except the package's
+``HotfixError`` in strict mode, when vLLM is imported.
 """
 
 import os
@@ -24,6 +24,27 @@ def say(text):
         sys.stderr.write(text + "\n")
     except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
         pass
+
+
+TRUE_WORDS = ("1", "true", "on", "yes")
+FALSE_WORDS = ("0", "false", "off", "no")
+
+
+def shown(raw, limit=60):
+    """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
+    text = repr(raw)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(raw)} characters)"
+
+
+def switch(name, raw, default):
+    """An on/off switch's value, and the problem to say, if any: the one reading of ``DSPARK_HOTFIX``
+    (here, in the package and in its commands) and of ``DSPARK_HOTFIX_STRICT``. Unset or blank
+    (a blank templated variable) is ``default``; any value that is neither a true nor a false word
+    is off, and said: an A/B arm is never patched by mistake, nor a fleet made strict."""
+    word = (raw or "").strip().lower()
+    if word in TRUE_WORDS + FALSE_WORDS or not word:
+        return word in TRUE_WORDS or (default and not word), None
+    return False, f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: it is off in this process"
 
 
 def package():
@@ -60,12 +81,13 @@ def activate(source):
 def start():
     """Watch for vLLM, or activate at once where it is imported already (by an earlier
     sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
-    # "1" (the Dockerfile's value) is on; the package reads any other value, and says what it
-    # does not understand.
-    if os.environ.get("DSPARK_HOTFIX", "1") != "1":
+    on, problem = switch("DSPARK_HOTFIX", os.environ.get("DSPARK_HOTFIX"), True)
+    if problem:  # said by the package, once in this process whatever else loads it
         shim = package()
-        if shim is None or not shim.enabled():
-            return
+        if shim is not None:
+            shim.enabled()
+    if not on:
+        return
     if "vllm" in sys.modules:
         activate("sitecustomize")
     elif not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
@@ -185,10 +207,13 @@ def chain(sitecustomize_file):
     taken = []  # the entries whose sitecustomize is our file, and their places
     for i, entry in enumerate(sys.path):
         spec = PathFinder.find_spec("sitecustomize", [entry])
-        origin = getattr(spec, "origin", None)  # (None: a directory named sitecustomize)
-        if origin is not None and os.path.isfile(origin) and os.path.samefile(origin, sitecustomize_file):
+        origin = getattr(spec, "origin", None)  # None: none, or a directory of that name, which a module beats
+        if origin is None:
+            continue
+        # Ours: the same path (in a zip archive too, where it is no file), or the same file under another.
+        if origin == sitecustomize_file or (os.path.isfile(origin) and os.path.samefile(origin, sitecustomize_file)):
             taken.append((i, entry))
-        elif spec is not None:
+        else:
             break
     else:
         return  # none shadowed
