@@ -32,7 +32,7 @@ def enabled():
     neither a true nor a false word is said once on stderr (:func:`~dspark_hotfix.startup.sitecustomize.switch`)."""
     global _enabled
     if _enabled is None:
-        _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True)
+        _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True, "the shim")
         if problem:
             say(f"dspark_hotfix: {problem}")
     return _enabled

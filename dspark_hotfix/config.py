@@ -45,9 +45,9 @@ class Settings:
     """The switches of this process, with the complaints their values raised."""
 
     def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
-        self.strict, strict_problem = switch(STRICT, env.get(STRICT), False)
+        self.strict, strict_problem = switch(STRICT, env.get(STRICT), False, "strict mode")
         self.selected, self.unknown = parse_selection(env.get(PATCHES), known)  # unknown: ignored, warned
-        self.problems = [p for p in (switch(ENABLE, env.get(ENABLE), True)[1], strict_problem) if p]
+        self.problems = [p for p in (switch(ENABLE, env.get(ENABLE), True, "the shim")[1], strict_problem) if p]
 
 
 def settings() -> Settings:

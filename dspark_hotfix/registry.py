@@ -135,7 +135,7 @@ def _register(activation: Activation) -> None:
         settled = [_set_state(activation, r, FAILED, None, why) for r in activation.records.values()]
         if any(settled) or activation.settings.strict:
             _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, "
-                                    f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
+                                    f"or set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
 
 
 # wrapt's private names, in this one place (tests/activation/test_wrapt_internals.py holds them to the
@@ -186,7 +186,7 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
     try:
         _decide(activation, record, module)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
-        _rearm(module.__name__, functools.partial(_refuse, str(exc)))
+        _refuse(module.__name__, str(exc))
         raise
     except BaseException:  # an interrupt: the import fails, and its retry must find the hook
         if state.running(module.__name__):
@@ -236,7 +236,7 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
     settled = _set_state(activation, record, word, needed, why, target)
-    if settled == FAILED:
+    if settled in (FAILED, UNDECIDED):  # vLLM's function as shipped, where the shim cannot or may not tell
         _fail(activation, patch, f"cannot patch {patch.target}: {why} ({_remedy(patch)})", unpatched=True)
 
 
@@ -265,20 +265,35 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          cause: BaseException | None = None, unpatched: bool = False) -> None:
+          cause: BaseException | None = None, refuse: str = "", unpatched: bool = False) -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
-    finding vLLM would not survive, stop it with the same words."""
+    finding vLLM would not survive, stop it with the same words (and, where
+    ``refuse`` names a module, every later import of it too)."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if stop or activation.settings.strict:
+        if refuse:
+            _refuse(refuse, text)
         raise HotfixError(text) from cause
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
 
 
-def _refuse(error: str, module: Any) -> None:
-    """Strict mode's hook on a module whose import a HotfixError ended: wrapt dropped the hook that
-    raised, so without this one a retried import would load the module unpatched."""
-    _rearm(module.__name__, functools.partial(_refuse, error))
-    raise HotfixError(error)
+def _refuse(module: str, error: str) -> None:
+    """Strict mode: wrapt drops the hook whose HotfixError aborted ``module``'s import (and
+    without a usable wrapt there is no hook at all), so a retried import would load the module
+    unpatched. One finder fails every retry the same way; under the import lock it only looks
+    a name up."""
+    _refused.setdefault(module, error)
+    if _refuser not in sys.meta_path:
+        sys.meta_path.insert(0, _refuser)
+
+
+def _find_refused(fullname: str, path: Any = None, target: Any = None) -> None:
+    if fullname in _refused:
+        raise HotfixError(_refused[fullname])
+
+
+_refused: dict[str, str] = {}  # module -> the error its import raised
+_refuser = types.SimpleNamespace(find_spec=_find_refused)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:

@@ -36,15 +36,15 @@ def shown(raw, limit=60):
     return text if len(text) <= limit else f"{text[:limit]}... ({len(raw)} characters)"
 
 
-def switch(name, raw, default):
+def switch(name, raw, default, what):
     """An on/off switch's value, and the problem to say, if any: the one reading of ``DSPARK_HOTFIX``
     (here, in the package and in its commands) and of ``DSPARK_HOTFIX_STRICT``. Unset or blank
     (a blank templated variable) is ``default``; any value that is neither a true nor a false word
-    is off, and said: an A/B arm is never patched by mistake, nor a fleet made strict."""
+    turns ``what`` off, and is said: an A/B arm is never patched by mistake, nor a fleet made strict."""
     word = (raw or "").strip().lower()
     if word in TRUE_WORDS + FALSE_WORDS or not word:
         return word in TRUE_WORDS or (default and not word), None
-    return False, f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: it is off in this process"
+    return False, f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: {what} is OFF"
 
 
 def package():
@@ -81,7 +81,7 @@ def activate(source):
 def start():
     """Watch for vLLM, or activate at once where it is imported already (by an earlier
     sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
-    on, problem = switch("DSPARK_HOTFIX", os.environ.get("DSPARK_HOTFIX"), True)
+    on, problem = switch("DSPARK_HOTFIX", os.environ.get("DSPARK_HOTFIX"), True, "the shim")
     if problem:  # said by the package, once in this process whatever else loads it
         shim = package()
         if shim is not None:

@@ -213,12 +213,13 @@ print(report)
 
 
 @pytest.mark.parametrize("hooks_before_fork", [0, 2])
-def test_a_child_forked_from_an_activation_that_outlasts_the_wait_starts_afresh_and_whole(hooks_before_fork):
-    # The fork waits 10 s; this activation takes 11. The child drops it (and undoes what it wrapped).
+def test_a_child_forked_from_an_activation_that_outlasts_the_wait_completes_it_and_whole(hooks_before_fork):
+    # The fork waits 10 s; this activation takes 11. The child keeps what its parent had done (nothing is
+    # ever undone) and completes the rest itself: each target wrapped once, every patch judged.
     proc = fork_during_activation(hooks_before_fork, stall=11)
     assert proc.returncode == 0, proc.stderr
     source, rows, depth = last_json(proc.stdout)
-    assert source == "child", rows
+    assert source == "api", rows
     assert {name: state for name, (state, _) in rows.items()} == JUDGED, rows
     assert depth == WRAPPED
 

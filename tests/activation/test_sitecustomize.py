@@ -139,10 +139,10 @@ def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_p
 def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     copy = copy_of_shim(tmp_path / "copy")
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
-    # The child's USE imports the package before vLLM does; a switch other than "1" makes the start-up hook
-    # import it first, at interpreter start, as it would at vLLM's import: which copy wins is still its choice.
+    # The child's USE imports the package before vLLM does, from the first copy on the path (the working
+    # directory is neither), as the start-up hook would at vLLM's import.
     code = USE + IMPORT + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
-    proc = run_python(code, path=(*shims, STANDIN), env={"DSPARK_HOTFIX": "true"})
+    proc = run_python(code, path=(*shims, STANDIN), cwd=tmp_path)
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED

@@ -197,7 +197,8 @@ def test_the_state_words_are_written_once_as_the_code_has_them():
     assert tables == ["docs/OPERATORS.md"], tables
     table = text("docs/OPERATORS.md").split("| state | meaning |", 1)[1].split("\n\n", 1)[0]
     assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE) == list(dict.fromkeys(
-        (state.PATCHED, state.RAISED, state.NOT_NEEDED, state.PENDING, state.EXCLUDED, state.FAILED, state.DISABLED)))
+        (state.PATCHED, state.RAISED, state.NOT_NEEDED, state.UNDECIDED, state.PENDING, state.EXCLUDED, state.FAILED,
+         state.DISABLED)))
     assert set(re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)) == set(state.STATES)
 
 

@@ -41,6 +41,7 @@ class Fault:
     edits: dict[str, list[tuple[str, str]]]
     detail: str  # what the patch's status detail must say
     at_call: bool = False  # the correction fails when vLLM calls the function, not at import
+    state: str = "failed"  # its state: failed, or undecided where its probe cannot tell on that build
     remove: tuple[str, ...] = field(default=())  # files taken out of the copy
 
 

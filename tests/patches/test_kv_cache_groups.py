@@ -17,12 +17,32 @@ from dspark_hotfix.patches.kv_cache_groups import PATCH
 from tests.conftest import state_of
 from tests.patches import Fault, module_file
 
+KVI = "vllm/v1/kv_cache_interface.py"
+SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"  # where the stand-in builds its sliding-window spec
 # vLLM 0.28.0's hybrid-off grouping keeps the layout (vllm#51612).
 FIX = [("compress_ratio=spec.compress_ratio,", "compress_ratio=spec.compress_ratio, kv_quant_mode=spec.kv_quant_mode,")]
 FAULTS = {
-    "get_kv_quant_mode missing": Fault({"vllm/v1/kv_cache_interface.py": [("def get_kv_quant_mode(",
-                                                                          "def kv_quant_mode_for(")]},
+    "get_kv_quant_mode missing": Fault({KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
                                        "get_kv_quant_mode"),
+    # Spec classes its probe cannot build or size: it cannot tell, and leaves vLLM's grouping alone.
+    "spec class with an unknown required field": Fault(
+        {KVI: [("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
+               ("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
+                "    window_layout: InitVar[str]\n\n"
+                "    def __post_init__(self, window_layout: str) -> None:\n"
+                "        super().__post_init__()\n")],
+         SWA_FILE: [('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')]},
+        "probe inconclusive (TypeError", state="undecided"),
+    "spec page rule raises": Fault(
+        {KVI: [("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
+                "    @property\n"
+                "    def real_page_size_bytes(self) -> int:\n"
+                "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
+                "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
+                "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
+        "probe inconclusive (NotImplementedError", state="undecided"),
 }
 # 0.25.0's hybrid-off grouping loses the layout (docs/evidence/hybrid-off.md); 0.33.0 groups elsewhere.
 RELEASED = {"0.25.0": "patched", "0.28.0": "not_needed", "0.33.0": "not_needed"}
@@ -157,7 +177,7 @@ import pytest  # noqa: E402
 
 from tests.real_vllm import runs  # noqa: E402
 
-REAL_ERROR = "dspark_hotfix.registry.HotfixError"
+REAL_ERROR = "dspark_hotfix.HotfixError"
 REAL_WORDS = ("hybrid KV cache manager", "--disable-hybrid-kv-cache-manager",
               "no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off")
 REAL_GROUPING = PATCH.qualname  # vLLM's KV-cache grouping: hybrid_off.py reports it under this name

@@ -33,7 +33,7 @@ FAULTS = {
                 "    def __post_init__(self, window_layout: str) -> None:\n"
                 "        super().__post_init__()\n")],
          FILE: [('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')]},
-        "correction raised ValueError", at_call=True),
+        "probe inconclusive (ValueError", state="undecided"),
     "spec page rule raises": Fault(
         {KVI: [("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
                 "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
@@ -42,7 +42,7 @@ FAULTS = {
                 "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
                 "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
                 "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
-        "correction raised NotImplementedError", at_call=True),
+        "probe inconclusive (NotImplementedError", state="undecided"),
 }
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
 REVERT = (Revert("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache.get_kv_cache_spec",

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 import dspark_hotfix
-from dspark_hotfix import cli
+from dspark_hotfix import HotfixError, cli
 from dspark_hotfix.patches import Finding
-from dspark_hotfix.registry import HotfixError
 from tests import toys as toy_patches
 from tests.conftest import edited_standin
 

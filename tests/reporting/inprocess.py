@@ -60,11 +60,7 @@ def restart() -> None:
 
 
 def strict(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Strict mode, with no refusal of an earlier test's imports: strict mode's refusals outlive an
-    activation (the registry's ``_refused``), so they start empty here and go with the test."""
-    from dspark_hotfix import registry
-
-    monkeypatch.setattr(registry, "_refused", {})
+    """Strict mode."""
     monkeypatch.setenv("DSPARK_HOTFIX_STRICT", "1")
 
 

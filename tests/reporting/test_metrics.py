@@ -20,7 +20,7 @@ import sys
 import types
 
 import dspark_hotfix
-from dspark_hotfix import __version__, doctor, metrics
+from dspark_hotfix import __version__, doctor, metrics, registry
 from scripts.venvs import cache_dir
 from tests.conftest import (
     REPO,
@@ -132,20 +132,26 @@ def test_nothing_is_shown_where_the_shim_is_off(toys, monkeypatch):
     assert before == samples() == []
 
 
-def test_a_failure_in_the_metrics_path_warns_once_and_vllm_runs_patched(toys, monkeypatch):
-    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone).
+def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_runs_patched(toys, monkeypatch):
+    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone, or after
+    # a reload of the metrics module: a duplicate series). Each later decision and scrape publishes again:
+    # none may register one more collector (they would double at every scrape), nor say it again.
     fake = types.ModuleType("prometheus_client")
 
     class Gauge:
         def __init__(self, *args, **kwargs):
             raise OSError("no space left on device")
 
+    registered: list[object] = []
     fake.Gauge = Gauge  # type: ignore[attr-defined]
-    fake.REGISTRY = types.SimpleNamespace(register=lambda collector: None)  # type: ignore[attr-defined]
+    fake.REGISTRY = types.SimpleNamespace(register=registered.append)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "prometheus_client", fake)
-    monkeypatch.setattr(metrics, "_warned", False)
     monkeypatch.setenv("DSPARK_HOTFIX_STRICT", "1")
     activate()
+    records = registry._active.records.values()  # type: ignore[union-attr]
+    for _ in range(12):
+        metrics.publish("sitecustomize", records)
+    assert registered == []
     assert toys.states() == AS_SHIPPED
     assert toys.lines("WARNING") == [
         "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]

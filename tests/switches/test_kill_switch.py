@@ -76,7 +76,15 @@ def test_unset_means_on(switch):
     assert dspark_hotfix.enabled() is True
 
 
-@pytest.mark.parametrize("raw", ["disabled", "enable", "2", "", "  "])
+@pytest.mark.parametrize("raw", ["", "  "])
+def test_blank_means_unset_on_and_silent(switch, capsys, raw):
+    # A blank templated variable is a value nobody chose: the default, as unset.
+    switch(raw)
+    assert [dspark_hotfix.enabled(), dspark_hotfix.enabled()] == [True, True]
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("raw", ["disabled", "enable", "2"])
 def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw):
     # An A/B whose B arm is silently patched is worse than none: not understood means off.
     switch(raw)
@@ -89,10 +97,11 @@ ENABLED = "import dspark_hotfix; print(dspark_hotfix.enabled())\nprint(dspark_ho
 
 
 @pytest.mark.parametrize(("raw", "on", "said"),
-                         [(" yes ", "True", False), (" no ", "False", False), ("", "False", True)],
-                         ids=["a true word", "a false word", "another value"])
+                         [(" yes ", "True", False), (" no ", "False", False), ("", "True", False),
+                          ("maybe", "False", True)],
+                         ids=["a true word", "a false word", "blank", "another value"])
 def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
-    # The start-up hook reads the switch at interpreter start (any value but "1" through the package): the
+    # The start-up hook reads the switch at interpreter start with the package's own reading (switch()): the
     # same answer, and a value not understood said once in the process, not once per reading.
     proc = child(ENABLED, env={"DSPARK_HOTFIX": raw})
     assert proc.stdout.split() == [on, on]

@@ -17,8 +17,7 @@ import types
 import pytest
 
 import dspark_hotfix
-from dspark_hotfix import config
-from dspark_hotfix.registry import HotfixError
+from dspark_hotfix import HotfixError, config
 from tests.conftest import json_lines, run_python
 from tests.reporting.inprocess import activate, build, strict
 from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, USE, module_file
@@ -33,7 +32,7 @@ def test_strict_is_off_by_default_and_on_for_true_words_only():
     assert settings(DSPARK_HOTFIX_STRICT="Yes").strict is True
     s = settings(DSPARK_HOTFIX_STRICT="very")
     assert s.strict is False and s.problems == [
-        "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is off"]
+        "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is OFF"]
 
 
 # Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it says.
