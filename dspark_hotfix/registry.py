@@ -54,10 +54,10 @@ class Activation:
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
         self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
-        self.stuck: set[str] = set()  # modules a thread of the parent was importing when this process forked
 
 
 _active: Activation | None = None  # guarded by state.lock
+_stuck: set[str] = set()  # modules part-way imported when this process forked: their importer is not here
 
 
 def _before_fork() -> None:
@@ -71,11 +71,12 @@ def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
     the fork would hang every import in the child. The child keeps what its parent had done; it
     completes the rest, but never waits for a module that a thread of the parent was importing."""
+    global _stuck
     state.lock = threading.Lock()  # (the gauges' too)
     _renew_wrapt_lock()
+    _stuck = {name for name in list(sys.modules) if state.running(name)}
     if _active is not None:
         _active.registering = threading.RLock()
-        _active.stuck = {r.patch.module for r in _active.records.values() if state.running(r.patch.module)}
         if not all(r.hooked for r in _active.records.values()):
             with contextlib.suppress(Exception):  # (said by the records it leaves pending)
                 activate(_active.source)
@@ -118,13 +119,13 @@ def _register(activation: Activation) -> None:
 
         _copyable(wrapt.importer)
         for record in (r for r in activation.records.values() if not r.hooked):
-            if _wait_for(activation, record.patch.module):
+            if _wait_for(record.patch.module):
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
                 record.hooked = True
             else:
                 record.detail = f"{record.patch.module} was part-way imported when the shim activated, by this " \
                                 "thread (further up) or by a thread of the process this one was forked from"
-        if not activation.metrics and _wait_for(activation, "prometheus_client"):
+        if not activation.metrics and _wait_for("prometheus_client"):
             hook = functools.partial(metrics.publish, activation.source, activation.records.values())
             wrapt.register_post_import_hook(hook, "prometheus_client")
             activation.metrics = True
@@ -172,11 +173,11 @@ def _copyable(importer: Any) -> None:
         chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
 
 
-def _wait_for(activation: Activation, name: str) -> bool:
+def _wait_for(name: str) -> bool:
     """Wait for a module another thread is importing, as hooks judge whole modules. False where it
     cannot complete: this very thread is importing it, further up, or a thread of the parent was,
     before this process forked (its lock belongs to a thread that does not exist here)."""
-    if state.running(name) and name not in activation.stuck:
+    if state.running(name) and name not in _stuck:
         with contextlib.suppress(Exception):  # (its own error is vLLM's to meet)
             importlib.import_module(name)
     return not state.running(name)
@@ -188,9 +189,10 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
         _refuse(module.__name__, str(exc))
         raise
-    except BaseException:  # an interrupt: the import fails, and its retry must find the hook
-        if state.running(module.__name__):
-            _rearm(module.__name__, functools.partial(_on_import, activation, record))
+    except BaseException:  # an interrupt: the import fails, and its retry must find the hooks wrapt dropped
+        for each in activation.records.values() if state.running(module.__name__) else ():
+            if each.patch.module == module.__name__ and each.state == PENDING:
+                _rearm(module.__name__, functools.partial(_on_import, activation, each))
         raise
     _report(activation)
     _import_everywhere(activation)

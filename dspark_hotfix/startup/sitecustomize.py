@@ -210,11 +210,13 @@ def chain(sitecustomize_file):
         origin = getattr(spec, "origin", None)  # None: none, or a directory of that name, which a module beats
         if origin is None:
             continue
-        # Ours: the same path (in a zip archive too, where it is no file), or the same file under another.
-        if origin == sitecustomize_file or (os.path.isfile(origin) and os.path.samefile(origin, sitecustomize_file)):
-            taken.append((i, entry))
-        else:
+        try:  # ours: the same path (in a zip archive too, where it is no file), or the same file by another
+            ours = origin == sitecustomize_file or os.path.samefile(origin, sitecustomize_file)
+        except OSError:  # (either is no file)
+            ours = False
+        if not ours:
             break
+        taken.append((i, entry))
     else:
         return  # none shadowed
     ours = sys.modules.pop("sitecustomize", None)
