@@ -25,7 +25,7 @@ SLOW := real_vllm or oci or ray or coexist
 test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray and coexistence tiers
 
 unit: $(VENV)/.ready  ## the fast tiers only, in parallel
-	$(PY) -m pytest -n 2 -m "$(FAST)"
+	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
 
 slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m "$(SLOW)"

@@ -54,9 +54,8 @@ def install(source="api"):
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
 
 
-def __getattr__(name):
-    if name == "status":
-        from dspark_hotfix import registry
+def status():
+    """What the shim did in this process (``registry.status``); changes nothing."""
+    from dspark_hotfix import registry
 
-        return registry.status
-    raise AttributeError(f"module 'dspark_hotfix' has no attribute {name!r}")
+    return registry.status()

@@ -84,4 +84,3 @@ class _AtScrape:
         if not state.lock.locked():  # a scrape during a publish (or a state change) reads what it writes
             publish(self.source, self.records)
         return []
-

@@ -54,23 +54,19 @@ class Activation:
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
         self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
+        for problem in [*self.settings.problems, *filter(None, [self.settings.unknown])] if self.enabled else ():
+            log(logging.WARNING, problem)  # once in the process
 
 
 _active: Activation | None = None  # guarded by state.lock
 _stuck: set[str] = set()  # modules part-way imported when this process forked: their importer is not here
 
 
-def _before_fork() -> None:
-    """A fork waits (10 s at most) for a registration under way in another thread: a child that
-    inherits it half-done completes it itself, but cannot import what that thread was importing."""
-    if _active is not None and _active.registering.acquire(timeout=10):
-        _active.registering.release()
-
-
 def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
-    the fork would hang every import in the child. The child keeps what its parent had done; it
-    completes the rest, but never waits for a module that a thread of the parent was importing."""
+    the fork would hang every import in the child. The child keeps what its parent had done (a
+    registration another thread had under way included); it completes the rest itself, but never
+    waits for a module that was part-way imported at the fork: its importer is not in the child."""
     global _stuck
     state.lock = threading.Lock()  # (the gauges' too)
     _renew_wrapt_lock()
@@ -82,7 +78,7 @@ def _after_fork_in_child() -> None:
                 activate(_active.source)
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def activate(source: str) -> bool:
@@ -93,11 +89,7 @@ def activate(source: str) -> bool:
     ``status`` activate then) every patch is judged, none applied."""
     global _active
     with state.lock:
-        activation, mine = _active or Activation(source), _active is None
-        _active = activation
-    for problem in [*activation.settings.problems, *filter(None, [activation.settings.unknown])]:
-        if mine and activation.enabled:
-            log(logging.WARNING, problem)
+        activation = _active = _active or Activation(source)
     with activation.registering:
         try:
             _register(activation)
@@ -112,8 +104,6 @@ def activate(source: str) -> bool:
 
 
 def _register(activation: Activation) -> None:
-    if activation.metrics and all(r.hooked for r in activation.records.values()):
-        return
     try:
         import wrapt
 
@@ -341,7 +331,7 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
     try:
         return function(*args, **kwargs)
     except Finding as exc:
-        _fail(activation, patch, f"{exc}; see `dspark-hotfix doctor`", stop=True)
+        _fail(activation, patch, str(exc), stop=True)  # its own words say what helps
     except Exception as exc:
         what = "correction" if function is patch.correction else "check"
         if not record.raised or activation.settings.strict:

@@ -60,10 +60,8 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
     fixed = dataclasses.replace(spec, kv_quant_mode=quant_mode, **{k: v for k, v in layout.items() if k in fields})
     got = runner_bytes_per_token(fixed)
     if got != BYTES_PER_TOKEN or fixed.page_size_bytes % PAGE_ALIGNMENT:
-        raise CorrectionFailed(
-            f"rebuilt {type(spec).__name__} gives {got} bytes/token and a {fixed.page_size_bytes}-byte page, "
-            f"not {BYTES_PER_TOKEN} on a {PAGE_ALIGNMENT}-byte alignment"
-        )
+        raise CorrectionFailed(f"rebuilt {type(spec).__name__} gives {got} bytes/token and a {fixed.page_size_bytes}-"
+                               f"byte page, not {BYTES_PER_TOKEN} on a {PAGE_ALIGNMENT}-byte alignment")
     return fixed
 
 

@@ -51,16 +51,14 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
     """Before ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``: stop where it would break DeepSeek-V4."""
     layers = [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
-        raise Finding(
-            f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({len(layers)} layers, e.g. {layers[0]}) need vLLM's hybrid KV "
-            "cache manager, and it is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
-            "--kv-transfer-config connector without hybrid support). With it off this vLLM rebuilds their "
-            f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
-            f"{BYTES_PER_TOKEN}: 'kv must have shape ...') and every compressor state at the full-attention block "
-            "size, which its kernels refuse. What helps: leave the hybrid manager on (drop "
-            "--disable-hybrid-kv-cache-manager); for prefill/decode disaggregation, a KV connector that supports it "
-            "(a SupportsHMA one); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
-        )
+        many = f"{len(layers)} layer{'s' * (len(layers) > 1)}, e.g. {layers[0]}"
+        raise Finding(f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({many}) need vLLM's hybrid KV cache manager, and it "
+                      "is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
+                      "--kv-transfer-config connector without hybrid support). This vLLM then rebuilds their "
+                      f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
+                      f"{BYTES_PER_TOKEN}) and its compressor states at a block size their kernels refuse. What "
+                      "helps: leave the hybrid manager on; for prefill/decode disaggregation, a KV connector that "
+                      "supports it (SupportsHMA); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off")
 
 
 def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:

@@ -211,10 +211,10 @@ def chain(sitecustomize_file):
         if origin is None:
             continue
         try:  # ours: the same path (in a zip archive too, where it is no file), or the same file by another
-            ours = origin == sitecustomize_file or os.path.samefile(origin, sitecustomize_file)
+            same = origin == sitecustomize_file or os.path.samefile(origin, sitecustomize_file)
         except OSError:  # (either is no file)
-            ours = False
-        if not ours:
+            same = False
+        if not same:
             break
         taken.append((i, entry))
     else:

@@ -42,7 +42,7 @@ def test_a_huge_switch_value_is_cut_at_interpreter_start_and_not_echoed_whole():
     ("var", "value"),
     [("DSPARK_HOTFIX_STRICT", "very"), ("DSPARK_HOTFIX_PATCHES", f"{GREETING.name},bogus")],
 )
-def test_malformed_value_warns_once_and_uses_the_default(toys, monkeypatch, var, value):
+def test_malformed_value_warns_once_and_turns_that_switch_off(toys, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     activate()
     warnings = toys.lines("WARNING")
