@@ -67,22 +67,20 @@ def _after_fork_in_child() -> None:
     the fork would hang every import in the child. The child keeps what its parent had done (a
     registration another thread had under way included); it completes the rest itself, but never
     waits for a module that was part-way imported at the fork: its importer is not in the child."""
-    global _stuck
     state.lock = threading.Lock()  # (the gauges' too)
     _renew_wrapt_lock()
-    _stuck = {name for name in list(sys.modules) if state.running(name)}
+    _stuck.update(name for name in list(sys.modules) if state.running(name))  # (a stuck one stays so)
     if _active is not None:
         _active.registering = threading.RLock()
-        if not all(r.hooked for r in _active.records.values()):
-            with contextlib.suppress(Exception):  # (said by the records it leaves pending)
-                activate(_active.source)
+        with contextlib.suppress(Exception):  # (said by the records it leaves pending)
+            activate(_active.source)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def activate(source: str) -> bool:
-    """Register the post-import hooks of every patch not hooked yet; True once all are. The first
+def activate(source: str) -> None:
+    """Register the post-import hooks of every patch not hooked yet. The first
     caller makes the activation; a second caller waits for a registration under way, then
     completes whatever an interrupt left. An interrupt during a registration is raised once the
     registration is whole: nothing is ever undone. With ``DSPARK_HOTFIX`` off (only ``doctor`` and
@@ -93,14 +91,12 @@ def activate(source: str) -> bool:
     with activation.registering:
         try:
             _register(activation)
-        except HotfixError:
-            raise
-        except BaseException:  # an interrupt: the hooks first, then the interrupt
-            _register(activation)
+        except BaseException as exc:  # an interrupt: the hooks first, then the interrupt
+            if not isinstance(exc, HotfixError):
+                _register(activation)
             raise
     _report(activation)
     _import_everywhere(activation)
-    return all(r.hooked for r in activation.records.values())
 
 
 def _register(activation: Activation) -> None:
@@ -113,8 +109,7 @@ def _register(activation: Activation) -> None:
                 wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
                 record.hooked = True
             else:
-                record.detail = f"{record.patch.module} was part-way imported when the shim activated, by this " \
-                                "thread (further up) or by a thread of the process this one was forked from"
+                record.detail = f"{record.patch.module} is still being imported (further up this thread, or at a fork)"
         if not activation.metrics and _wait_for("prometheus_client"):
             hook = functools.partial(metrics.publish, activation.source, activation.records.values())
             wrapt.register_post_import_hook(hook, "prometheus_client")
@@ -229,11 +224,7 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
     settled = _set_state(activation, record, word, needed, why, target)
     if settled in (FAILED, UNDECIDED):  # vLLM's function as shipped, where the shim cannot or may not tell
-        _fail(activation, patch, f"cannot patch {patch.target}: {why} ({_remedy(patch)})", unpatched=True)
-
-
-def _remedy(patch: Patch) -> str:
-    return f"check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name}"
+        _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
 
 
 def _set_state(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
@@ -262,6 +253,8 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
     finding vLLM would not survive, stop it with the same words (and, where
     ``refuse`` names a module, every later import of it too)."""
     text = f"{patch.name}: {message}" if patch is not None else message
+    if patch is not None and not stop:  # what helps with a patch that fails
+        text += f" (check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name})"
     if stop or activation.settings.strict:
         if refuse:
             _refuse(refuse, text)
@@ -338,7 +331,7 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
             record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
             _report(activation)
             _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
-                                     f"result is returned ({_remedy(patch)})", cause=exc)
+                                     "result is returned", cause=exc)
     return default
 
 

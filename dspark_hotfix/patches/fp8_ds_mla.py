@@ -106,8 +106,8 @@ def quant_mode() -> Any:
 
 
 def uint8_dtype() -> Any:
-    torch = sys.modules.get("torch")
-    return torch.uint8 if torch is not None else "uint8"
+    """``torch.uint8`` where vLLM has imported torch (its specs' dtype), else its name."""
+    return getattr(sys.modules.get("torch"), "uint8", "uint8")
 
 
 def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
