@@ -1,0 +1,44 @@
+"""wrapt's private names the registry relies on, in its one section (``_renew_wrapt_lock``, ``_rearm``,
+``_copyable``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the
+Dockerfile installs) and the newest 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import wrapt
+
+from tests.conftest import run_in_venv
+
+# What the registry reads or replaces, and what each must be.
+CHECK = """
+import json, threading, wrapt.importer as i
+print(json.dumps({
+    "version": __import__("wrapt").__version__,
+    "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
+    "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__ == type(threading.RLock()).__name__,
+    "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
+    "notify_pops": "_post_import_hooks.pop(" in __import__("inspect").getsource(i.notify_module_loaded),
+}))
+"""
+
+
+def expected(version: str) -> dict:
+    return {"version": version, "hooks": "dict", "lock": True, "chained": True, "notify_pops": True}
+
+
+def test_the_wrapt_of_this_venv_has_what_the_registry_relies_on():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(CHECK, {})
+    assert json.loads(out.getvalue()) == expected(wrapt.__version__)
+    assert wrapt.__version__.startswith("1.17")
+
+
+def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
+    proc = run_in_venv(venv, CHECK)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["version"].startswith("2.") and found == expected(found["version"])
