@@ -72,7 +72,8 @@ def main() -> int:
         return 1
     print("What changed, and which patch changed it:")
     print(f"   KV view width {width(off)} -> {width(on)} bytes/token: FlashMLA runs where it refused the view.")
-    print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its own weights.")
+    if draft_layers(on) != draft_layers(off):
+        print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its weights.")
     for patch in ALL:
         row = on["patches"][patch.name]
         if row["corrections"]:

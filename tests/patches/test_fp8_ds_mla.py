@@ -162,7 +162,6 @@ def test_warmup_runs_with_the_shim(standin_shim, monkeypatch):
     on = engine_start(standin_shim, monkeypatch, "1")
     assert on["error"] is None
     assert on["views"]["draft.0.swa"] == {"shape": [4, 64, 584], "stride": [37440, 584, 1], "page_bytes": 37440}
-    assert {f"model.layers.{i}.attn.wkv.weight" for i in range(3)} <= set(on["loaded"])
 
 
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
