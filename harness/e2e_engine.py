@@ -42,7 +42,7 @@ def engine(args: argparse.Namespace) -> int:
     started = time.monotonic()
     llm = LLM(
         model=str(args.model_dir),
-        load_format="dummy",
+        load_format=args.load_format,
         skip_tokenizer_init=True,
         kv_cache_dtype="fp8",
         block_size=256,
@@ -130,6 +130,7 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--reps", type=int, required=True)
+    parser.add_argument("--load-format", default="dummy")
     return engine(parser.parse_args())
 
 

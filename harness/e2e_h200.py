@@ -278,15 +278,25 @@ def variant_env(variant: str) -> dict[str, str]:
     elif variant == "shim":
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-site"), deps])
         env.pop("DSPARK_HOTFIX", None)
+    elif variant in ONE_BUG:  # the reverted copy with one of the shim's patches: the other bug alone
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-rev"), deps])
+        env.pop("DSPARK_HOTFIX", None)
+        env["DSPARK_HOTFIX_PATCHES"] = ONE_BUG[variant]
     else:
         raise ValueError(variant)
     return env
+
+
+# The report's two bugs one at a time (a real checkpoint: --real): the shim with the remap alone
+# leaves the KV views wrong, the shim without it leaves the draft's weights unplaced.
+ONE_BUG = {"remap-only": "remap_dspark_name", "no-remap": "-remap_dspark_name"}
 
 
 def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
     command = [sys.executable, str(ENGINE), "--result", str(result_file), "--model-dir", str(args.model_dir)]
+    command += ["--load-format", "auto" if args.real else "dummy"]
     for option in ("spec_tokens", "batch", "prompt_len", "max_tokens", "reps"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     cache_files_before = sum(1 for _ in (DEVICE_ROOT / "cache").rglob("*"))
@@ -328,7 +338,12 @@ def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, ti
 
 def _log_facts(text: str, exit_code: object) -> dict:
     """What an engine's log says: the shim's lines and, for an engine that failed, the first error."""
-    return {"shim_lines": _shim_lines(text), "root_cause": _root_cause(text) if exit_code != 0 else None}
+    loaded = re.findall(r"DSpark draft model loaded: (\d+) params", text)
+    return {
+        "shim_lines": _shim_lines(text),
+        "root_cause": _root_cause(text) if exit_code != 0 else None,
+        "draft_params_loaded": int(loaded[-1]) if loaded else None,
+    }
 
 
 def _shim_lines(text: str) -> list[str]:
@@ -371,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.copy(args.config, model_dir / "config.json")
         summary["model_config"] = json.loads(Path(args.config).read_text())
         args.model_dir = model_dir
+        if args.real:
+            summary["checkpoint"] = write_checkpoint(args, out)
         summary["gpu"] = common.query(
             "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
         )
@@ -397,6 +414,24 @@ def run(args: argparse.Namespace) -> int:
         save()
 
 
+def write_checkpoint(args: argparse.Namespace, out: Path) -> dict:
+    """harness.checkpoint's real weights into the model folder (once per machine), in the
+    environment of unmodified vLLM 0.25.0: what it wrote, or why not."""
+    record = args.model_dir / "checkpoint.json"
+    if not record.is_file():
+        command = [sys.executable, "-m", "harness.checkpoint", "write", "--model-dir", str(args.model_dir)]
+        command += ["--config", str(args.config), "--spec-tokens", str(args.spec_tokens)]
+        with (out / "checkpoint.log").open("w") as log:
+            code = _log_run(log, command, cwd=REPO, env=variant_env("baseline"), timeout=400)
+        if code or not record.is_file():
+            tail = (out / "checkpoint.log").read_text(errors="replace").strip().splitlines()[-30:]
+            print("checkpoint failed:\n  " + "\n  ".join(tail), flush=True)
+            raise SystemExit(f"checkpoint: exit {code}")
+    data = json.loads(record.read_text())
+    shutil.copy(record, out / "checkpoint.json")
+    return {k: data[k] for k in ("written", "draft_params", "draft_stages", "figures", "seed", "wall_s")}
+
+
 # What summary.json keeps of each engine run (its own JSON has the rest).
 SUMMARY_FIELDS = (
     "label",
@@ -407,6 +442,9 @@ SUMMARY_FIELDS = (
     "runtime_errors",
     "last_error",
     "timed",
+    "draft_params_loaded",
+    "root_cause",
+    "spec_metrics_total",
 )
 
 
@@ -585,6 +623,7 @@ def main() -> int:
     on_gpu.add_argument("--stop-on-failure", action="store_true")
     on_gpu.add_argument("--skip-preflight", action="store_true", help="the pack is one a preflight passed")
     on_gpu.add_argument("--config", default=str(MODEL_CONFIG), help="the model's config.json")
+    on_gpu.add_argument("--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy")
     # passed on to each engine child (harness/e2e_engine.py)
     on_gpu.add_argument("--spec-tokens", type=int, default=5)
     on_gpu.add_argument("--batch", type=int, default=32)

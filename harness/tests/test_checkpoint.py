@@ -1,0 +1,126 @@
+"""harness.checkpoint on the CPU: its construction makes acceptance depend on the draft's layer weights.
+
+vLLM 0.25.0's DeepSeek-V4 model cannot be built on this machine: its constructor makes CUDA streams
+and picks its FP8 kernels by platform (and the wheel's custom ops need CUDA), so the names are
+checked where the model is built, on the GPU machine (the record's load by unmodified vLLM). Here:
+the values, through vLLM 0.25.0's own torch reference of the hyper-connections (construction.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+from harness import checkpoint
+from scripts.venvs import ensure_venv
+from tests.conftest import clean_env
+
+RECORD = checkpoint.common.EVIDENCE / "checkpoint-h200" / "checkpoint.json"
+E2E_CONFIG = checkpoint.common.REPO / "harness" / "e2e" / "config.json"
+CONFIG = json.loads(E2E_CONFIG.read_text())
+# The e2e model's shape, narrowed so that the CPU follows it in seconds.
+SMALL = {
+    **CONFIG,
+    "hidden_size": 512,
+    "vocab_size": 4096,
+    "moe_intermediate_size": 256,
+    "dspark_markov_rank": 64,
+    "dspark_noise_token_id": 4000,
+}
+
+
+def child(script: str, *args: str) -> dict:
+    """A script of this folder run by path in the venv of vLLM 0.25.0: the JSON it prints last."""
+    python, _ = ensure_venv("0.25.0")
+    proc = subprocess.run(
+        [str(python), str(Path(__file__).with_name(script)), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def construction(config: dict) -> dict:
+    return child("construction.py", json.dumps(config))
+
+
+def test_the_draft_predicts_what_the_target_predicts_only_with_all_its_layers_in_place():
+    found = construction(SMALL)
+    assert found["target"] == 1.0  # the target predicts succ(t) after every token t
+    assert found["noise_embedding_zero"]
+    assert found["markov_chain"] == 1.0  # later positions follow the chain from the token drafted before
+    assert found["all_layers"] == 1.0  # the first draft token is succ(anchor) for every anchor
+    assert found["no_layers"] == 0.0  # the draft's layers not loaded (zeros): never
+    assert found["one_missing"] == [0.0, 0.0, 0.0]  # any one layer missing: never
+
+
+def test_a_draft_layer_gives_back_its_input_with_the_opposite_sign():
+    # flip(): silu(GATE * u0) * u, scaled, is 2x for the input x (1, +-1 in the sign dimensions).
+    hidden, info = CONFIG["hidden_size"], checkpoint.info_dims(CONFIG)
+    u0 = (hidden / (1 + info)) ** 0.5
+    gate = checkpoint.GATE * u0
+    silu = gate / (1 + math.exp(-gate))
+    assert abs(checkpoint.flip(hidden, info) * silu * u0 - 2) < 1e-9
+    assert gate < CONFIG["swiglu_limit"]  # the clamp never bites
+
+
+def test_checkpoint_names_invert_the_loaders_rules():
+    stages = 3
+    cases = {
+        ("lm_head.weight", None): "head.weight",
+        ("model.embed_tokens.weight", None): "embed.weight",
+        ("model.layers.2.ffn.gate.e_score_correction_bias", None): "layers.2.ffn.gate.bias",
+        ("model.layers.0.ffn.shared_experts.down_proj.weight_scale_inv", None): "layers.0.ffn.shared_experts.w2.scale",
+        ("model.hc_head_fn", None): "hc_head_fn",
+        ("model.layers.1.attn.wo_b.weight", stages): "mtp.1.attn.wo_b.weight",
+        ("model.main_proj.weight", stages): "mtp.0.main_proj.weight",
+        ("model.markov_head.markov_w1.weight", stages): "mtp.2.markov_head.markov_w1.weight",
+        ("model.norm.weight", stages): "mtp.2.norm.weight",
+        ("model.embed_tokens.weight", stages): None,
+        ("lm_head.weight", stages): None,
+    }
+    assert {key: checkpoint.checkpoint_name(*key) for key in cases} == cases
+
+
+def test_vllms_own_dspark_loader_places_every_draft_name_the_h200_checkpoint_holds():
+    record = json.loads(RECORD.read_text())
+    found = child("draft_load.py", str(RECORD), str(E2E_CONFIG), "released")
+    aliased = {"model.embed_tokens.weight", "lm_head.weight"}  # the target's, shared by load_dspark_model
+    assert set(found["loaded"]) == set(record["vllm_params"]["draft"]) - aliased  # none missing, none unexpected
+    assert len(found["loaded"]) == record["draft_params"] - 2 == 96  # "DSpark draft model loaded: 96 params"
+
+
+def test_with_the_shifted_remap_vllms_loader_fails_on_the_first_draft_layer():
+    found = child("draft_load.py", str(RECORD), str(E2E_CONFIG), "reverted")
+    assert found["error"].startswith("KeyError: 'model.layers.4.")  # num_hidden_layers + 0
+
+
+def engine(call: str, label: str) -> dict:
+    return json.loads((RECORD.parent / call / f"{label}.json").read_text())
+
+
+def test_on_the_h200_the_reverted_build_dies_at_load_and_the_shim_loads_every_draft_parameter():
+    for label in ("01-bug", "02-no-remap"):  # the shim off; the shim without its remap
+        assert engine("call09", label)["root_cause"] == "KeyError: 'model.layers.4.attn.attn_sink'"
+    assert "1 excluded (remap_dspark_name)" in engine("call09", "02-no-remap")["shim_lines"][0]
+    for call, label in (("call08", "01-baseline"), ("call09", "03-baseline"), ("call10", "01-baseline")):
+        assert engine(call, label)["draft_params_loaded"] == 96  # unmodified vLLM 0.25.0
+    for call, label in (("call09", "04-fixed"), ("call10", "02-fixed")):
+        assert engine(call, label)["draft_params_loaded"] == 96  # the reverted build with the shim
+        assert "fixing: 4 patched (remap_dspark_name," in engine(call, label)["shim_lines"][0]
+
+
+def test_on_the_h200_unmodified_vllm_accepts_every_draft_token_of_the_real_checkpoint():
+    spec = engine("call10", "01-baseline")["spec_metrics_total"]
+    drafts, by_position = spec["vllm:spec_decode_num_drafts"], spec["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert [accepted / drafts for accepted in by_position] == [1.0] * 5
+    assert spec["vllm:spec_decode_num_accepted_tokens"] == spec["vllm:spec_decode_num_draft_tokens"] == 320
+    samples = engine("call10", "01-baseline")["sample_output_token_ids"]
+    follows = child("construction.py", json.dumps(CONFIG), json.dumps(samples))  # torch's permutation: in the venv
+    assert follows == [len(ids) - 1 for ids in samples] == [23, 23]  # every step t -> succ(t)
