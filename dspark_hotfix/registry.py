@@ -49,7 +49,7 @@ class Activation:
     """The activation of the registry in this process: made once, never undone."""
 
     def __init__(self, source: str) -> None:
-        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ""  # said: the last line's state
+        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ("", None)  # the last line said
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
@@ -184,13 +184,17 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the log line, where it changed, and the gauges."""
+    """After a decision: the log line, where it changed, and the gauges. A verdict that exits 1 (``problem``,
+    ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a process's lines
+    (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core after the targets are
+    imported; where that changed since the line, the next report (the plugin's, there) says it again under it."""
     with state.lock:
         line = state.line(activation.records.values()) if activation.enabled else None
-        new, activation.said = line != activation.said, line or activation.said
+        said: tuple[Any, Any] = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
+        new, activation.said = said != activation.said, said if line else activation.said
     if line is not None and new:
-        log(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
-                          f"{line}")
+        log(logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
+            f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}")
     if activation.enabled:
         metrics.publish(activation.source, activation.records.values())
 
@@ -240,7 +244,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         record.needed, record.detail = needed, why
         if word == PATCHED and target is not None:  # the state last: an interrupt before it leaves the
-            owner, name, original = record.target = target  # wrapper, which the next decision settles
+            owner, name, original = target  # wrapper, which the next decision settles
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
         record.state = word

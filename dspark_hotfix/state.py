@@ -64,7 +64,6 @@ class Record:
         self.needed: bool | None = None  # once judged; None: the probe could not tell
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
-        self.target: tuple[Any, str, Any] | None = None  # vLLM's owner, attribute name and function, once wrapped
         self.wrapper: Any = None  # what vLLM's function was replaced with
         self.hooked = False  # its post-import hook is registered (it stays so)
 
