@@ -54,7 +54,7 @@ class Activation:
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
         self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
-        for problem in [*self.settings.problems, *filter(None, [self.settings.unknown])] if self.enabled else ():
+        for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
             log(logging.WARNING, problem)  # once in the process
 
 
@@ -340,12 +340,13 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
 
 
 def status() -> dict[str, Any]:
-    """What the shim did in this process, as every reporter reads it; changes nothing."""
+    """What the shim did in this process, as every reporter reads it; changes nothing. With the shim
+    off nothing activated it (``status`` and ``doctor`` judge the patches all the same)."""
     activation = _active
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     source: str | None = getattr(watcher, "source", None)
     if activation is not None:
-        records, source = list(activation.records.values()), activation.source
+        records, source = list(activation.records.values()), activation.source if activation.enabled else None
     else:
         off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
