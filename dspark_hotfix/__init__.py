@@ -13,11 +13,10 @@ when the shim activates, and never before. Nothing here raises, except
 
 import os
 
-from dspark_hotfix.startup.sitecustomize import FALSE_WORDS, TRUE_WORDS, say, shown, switch
+from dspark_hotfix.startup.sitecustomize import say, shown, switch
 
 __version__ = "0.5.0"
-__all__ = ["FALSE_WORDS", "TRUE_WORDS", "HotfixError", "__version__", "enabled", "install", "say", "shown", "status",
-           "switch"]
+__all__ = ["HotfixError", "__version__", "enabled", "install", "say", "shown", "status", "switch"]
 
 ENABLE = "DSPARK_HOTFIX"
 _enabled = None

@@ -3,8 +3,8 @@
 ``DSPARK_HOTFIX`` is read by ``dspark_hotfix.enabled``.
 None of the names start with ``VLLM_``: vLLM warns about (or, in hard-fail
 mode, rejects) unknown ``VLLM_*`` variables. Each variable gives at most one
-warning, quoting at most a few names or characters of what it was set to: the
-warning is printed by every process of a serving image.
+warning, quoting at most a few characters of what it was set to: the warning
+is printed by every process of a serving image.
 """
 
 import os
@@ -21,24 +21,27 @@ WRAPT_RANGE = f"{WRAPT_OLDEST[0]}.{WRAPT_OLDEST[1]} to {WRAPT_NEWEST_MAJOR}.x"
 
 
 def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:
-    """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude.
+    """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude, and the warning to say.
 
-    Names are case-insensitive. Plain names select exactly those patches.
-    With exclusions only, every other patch stays on. Unknown names are ignored,
-    with a warning; if nothing usable is left, every patch stays on (a typo must
-    not turn the fix off). A name both selected and excluded is excluded.
+    Names are case-insensitive. Unset or blank: every patch. Plain names select exactly those patches;
+    with exclusions only, every other patch stays on. Anything else is warned about once, with what it
+    selects then: unknown names and empty entries are ignored (if nothing usable is left, every patch
+    stays on: a typo must not turn the fix off); of names mixed with exclusions, the names less the
+    excluded ones.
     """
     names = tuple(known)
-    entries = [entry.strip().lower() for entry in (raw or "").split(",") if entry.strip()]
+    entries = [entry.strip().lower() for entry in raw.split(",")] if raw and raw.strip() else []
     pairs = [(entry.startswith("-"), entry.removeprefix("-").strip()) for entry in entries]
     include = {name for minus, name in pairs if name in names and not minus}
     exclude = {name for minus, name in pairs if name in names and minus}
-    unknown = list(dict.fromkeys(name for _, name in pairs if name and name not in names))
-    problem = (f"{PATCHES}: {len(unknown)} unknown {'name' if len(unknown) == 1 else 'names'} ignored "
-               f"({', '.join(shown(name, 40) for name in unknown[:3])}{', ...' if len(unknown) > 3 else ''}; "
-               f"known: {', '.join(names)}; prefix a name with '-' to exclude it)") if unknown else None
     selected = include - exclude if include else set(names) - exclude
-    return frozenset(selected), problem
+    ignored = len({name for _, name in pairs if name not in names})  # unknown, or empty ("," or "-")
+    if not ignored and not (include and exclude):
+        return frozenset(selected), None
+    why = f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored" if ignored else "names mixed with -names"
+    return frozenset(selected), (
+        f"{PATCHES}={shown(raw)}: {why}; it selects {', '.join(n for n in names if n in selected) or 'none'} "
+        f"(known: {', '.join(names)}; name,name selects only those, -name,-name all but those)")
 
 
 class Settings:
@@ -46,7 +49,7 @@ class Settings:
 
     def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
         self.strict, strict_problem = switch(STRICT, env.get(STRICT), False, "strict mode")
-        self.selected, self.unknown = parse_selection(env.get(PATCHES), known)  # unknown: ignored, warned
+        self.selected, self.warning = parse_selection(env.get(PATCHES), known)  # said, not a problem
         self.problems = [p for p in (switch(ENABLE, env.get(ENABLE), True, "the shim")[1], strict_problem) if p]
 
 

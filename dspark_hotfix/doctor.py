@@ -85,7 +85,7 @@ def report(source: str) -> dict[str, Any]:
                     problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
     out = registry.status()
-    out.update(vllm=version, warnings=[w for w in [config.settings().unknown] if w])
+    out.update(vllm=version, warnings=[w for w in [config.settings().warning] if w])
     return finish(out, problems)
 
 
@@ -156,7 +156,8 @@ def shadowed(chained: dict[str, Any] | None) -> str:
 def render(report: dict[str, Any]) -> str:
     """The report as text: doctor's lines on the environment, where it has them, then the rows,
     the warnings, the problems and the verdict."""
-    lines = [f"activated by  {report['activated_by'] or 'nothing'} (pid {report['pid']})"]
+    disabled = "" if report["enabled"] else f": {config.ENABLE} turns the shim off"
+    lines = [f"activated by  {report['activated_by'] or 'nothing'}{disabled} (pid {report['pid']})"]
     if "sitecustomize" in report:
         site, plugin, versions, python = (report[k] for k in ("sitecustomize", "plugin", "versions", "python"))
         off = [flag for flag, key in FLAGS if python[key]]

@@ -49,12 +49,12 @@ class Activation:
     """The activation of the registry in this process: made once, never undone."""
 
     def __init__(self, source: str) -> None:
-        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ""  # said: the last line's state
+        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ("", None)  # the last line said
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
         self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
-        for problem in [*self.settings.problems, *filter(None, [self.settings.unknown])] if self.enabled else ():
+        for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
             log(logging.WARNING, problem)  # once in the process
 
 
@@ -184,13 +184,17 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the log line, where it changed, and the gauges."""
+    """After a decision: the log line, where it changed, and the gauges. A verdict that exits 1 (``problem``,
+    ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a process's lines
+    (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core after the targets are
+    imported; where that changed since the line, the next report (the plugin's, there) says it again under it."""
     with state.lock:
         line = state.line(activation.records.values()) if activation.enabled else None
-        new, activation.said = line != activation.said, line or activation.said
+        said: tuple[Any, Any] = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
+        new, activation.said = said != activation.said, said if line else activation.said
     if line is not None and new:
-        log(logging.INFO, f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: "
-                          f"{line}")
+        log(logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
+            f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}")
     if activation.enabled:
         metrics.publish(activation.source, activation.records.values())
 
@@ -240,7 +244,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         record.needed, record.detail = needed, why
         if word == PATCHED and target is not None:  # the state last: an interrupt before it leaves the
-            owner, name, original = record.target = target  # wrapper, which the next decision settles
+            owner, name, original = target  # wrapper, which the next decision settles
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
         record.state = word
@@ -336,12 +340,13 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
 
 
 def status() -> dict[str, Any]:
-    """What the shim did in this process, as every reporter reads it; changes nothing."""
+    """What the shim did in this process, as every reporter reads it; changes nothing. With the shim
+    off nothing activated it (``status`` and ``doctor`` judge the patches all the same)."""
     activation = _active
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     source: str | None = getattr(watcher, "source", None)
     if activation is not None:
-        records, source = list(activation.records.values()), activation.source
+        records, source = list(activation.records.values()), activation.source if activation.enabled else None
     else:
         off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off

@@ -39,7 +39,8 @@ STATES = (PATCHED, RAISED, NOT_NEEDED, UNDECIDED, PENDING, EXCLUDED, FAILED, DIS
 # The verdict: one word for the process, and what it means. Exit codes of status and doctor.
 VERDICTS = {
     "fixing": "this vLLM has the reported bug, and the shim corrects it",
-    "guarding": "this vLLM has no reported bug; the shim only stops early what it would crash on (see its stop)",
+    "guarding": "this vLLM has the fix; the shim corrects nothing and only stops early, naming the cause, a setting "
+                "this vLLM would crash on (the patched row): remove it only where no deployment uses that setting",
     "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",
     "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
     "problem": "a patch this vLLM needs is not in place",
@@ -64,7 +65,6 @@ class Record:
         self.needed: bool | None = None  # once judged; None: the probe could not tell
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
-        self.target: tuple[Any, str, Any] | None = None  # vLLM's owner, attribute name and function, once wrapped
         self.wrapper: Any = None  # what vLLM's function was replaced with
         self.hooked = False  # its post-import hook is registered (it stays so)
 

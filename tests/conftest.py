@@ -88,8 +88,9 @@ class Shim:
         self.log, self.root = log, root
 
     def lines(self, level: str = "INFO") -> list[str]:
-        """The shim's log lines of ``level`` so far, without level and timestamp."""
-        return log_lines(self.log.getvalue(), level)
+        """The shim's log lines of ``level`` so far, without level and timestamp, its state lines aside
+        (``summaries``)."""
+        return [line for line in log_lines(self.log.getvalue(), level) if not STATE_LINE.match(line)]
 
     def summaries(self) -> list[str]:
         return summary_lines(self.log.getvalue())
@@ -210,20 +211,25 @@ print(_json.dumps({p.name: _depth(_target(p)) for p in _ALL if p.module in _sys.
 (or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one."""
 
 
-def log_lines(stderr: str, level: str) -> list[str]:
-    """The shim's log lines of ``level``, each without its level and timestamp."""
+STATE_LINE = re.compile(r"dspark_hotfix \S+ \(pid \d+\) via ")  # a state line, without level and timestamp
+
+
+def log_lines(stderr: str, *levels: str) -> list[str]:
+    """The shim's log lines of ``levels``, each without its level and timestamp; in their order."""
     return [line.split("[dspark_hotfix] ", 1)[1] for line in stderr.splitlines()
-            if line.startswith(f"{level} ") and "[dspark_hotfix] " in line]
+            if line.startswith(tuple(f"{level} " for level in levels)) and "[dspark_hotfix] " in line]
 
 
 def warning_lines(stderr: str) -> list[str]:
-    return log_lines(stderr, "WARNING")
+    """The shim's warnings, its state lines aside (a state line whose verdict exits 1 is a WARNING too)."""
+    return [line for line in log_lines(stderr, "WARNING") if not STATE_LINE.match(line)]
 
 
 def summary_lines(stderr: str) -> list[str]:
-    """The shim's INFO lines that give a process's state: the first once every patch is judged, one
-    more on every change after it (each whole: the verdict, then every record's state)."""
-    return [line for line in log_lines(stderr, "INFO") if re.match(r"dspark_hotfix \S+ \(pid \d+\) via ", line)]
+    """The shim's lines that give a process's state: the first once every patch is judged, one
+    more on every change after it (each whole: the verdict, then every record's state). INFO, or
+    WARNING where the verdict exits 1 (``problem``, ``undecided``)."""
+    return [line for line in log_lines(stderr, "INFO", "WARNING") if STATE_LINE.match(line)]
 
 
 def state_of(line: str) -> str:

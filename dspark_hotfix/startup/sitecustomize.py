@@ -82,10 +82,8 @@ def start():
     """Watch for vLLM, or activate at once where it is imported already (by an earlier
     sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
     on, problem = switch("DSPARK_HOTFIX", os.environ.get("DSPARK_HOTFIX"), True, "the shim")
-    if problem:  # said by the package, once in this process whatever else loads it
-        shim = package()
-        if shim is not None:
-            shim.enabled()
+    if problem:  # the package says it (once in this process, whatever else loads it), and activates nothing
+        activate("sitecustomize")
     if not on:
         return
     if "vllm" in sys.modules:

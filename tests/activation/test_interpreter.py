@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-import dspark_hotfix
+from dspark_hotfix.startup import sitecustomize
 from tests.activation.children import AS_SHIPPED, CALLS, CORRECTED, JUDGED, UNWRAPPED, WRAP_DEPTH, WRAPPED
 from tests.conftest import (
     REPO,
@@ -161,7 +161,7 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
-    assert switch is None or switch in dspark_hotfix.TRUE_WORDS  # start-up reads "1" alone; the package agrees
+    assert switch is None or switch in sitecustomize.TRUE_WORDS  # start-up reads "1" alone; the package agrees
 
 
 @pytest.mark.parametrize("value", ["", "bogus", "1"])

@@ -212,6 +212,14 @@ def test_the_removal_rule_and_the_pythonpath_caution_are_written_once_and_linked
     assert [doc for doc in HAND_WRITTEN if "0.28.0" in text(doc)] == ["README.md", "CHANGELOG.md"]
 
 
+def test_guarding_gives_the_readmes_removal_rule_in_an_operators_words():
+    # One rule: where the shim guards, remove it only where no deployment uses the setting its stop stops.
+    assert not [text for text in state.VERDICTS.values() if re.search(r"\w\.\w|_|\(see ", text)]  # no code names
+    assert state.VERDICTS["guarding"].endswith("remove it only where no deployment uses that setting")
+    rule = " ".join(text("README.md").split("**The rule:**", 1)[1].split("\n\n", 1)[0].split())
+    assert "`guarding`" in rule and "remove it only where no deployment uses the setting it stops" in rule
+
+
 def anchors(doc: str) -> set[str]:
     """GitHub's anchors for a page's headings."""
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")

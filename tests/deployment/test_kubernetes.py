@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 import dspark_hotfix
+from dspark_hotfix.startup import sitecustomize
 from tests import kubernetes
 from tests.conftest import REPO
 
@@ -109,7 +110,7 @@ def test_the_configmap_is_made_from_the_wheel_and_its_sums_the_init_container_ch
 def test_the_b_arm_words_are_the_shims_false_words(site):
     script = kubernetes.pod(site)["initContainers"][0]["args"][0]
     words = re.search(r'case "\$\{DSPARK_HOTFIX:-\}" in ([^)]*)\)', script)
-    assert words and sorted(words[1].split("|")) == sorted(dspark_hotfix.FALSE_WORDS)
+    assert words and sorted(words[1].split("|")) == sorted(sitecustomize.FALSE_WORDS)
 
 
 def bytes_of(quantity: str) -> int:

@@ -2,10 +2,14 @@
 
 Each kind of a ``vllm serve`` process imports the patches' modules in its own
 order, as the H200 server logs show (docs/evidence/serve-h200-logs): the API
-server the model's modules and, later, KV-cache grouping's, never the V2
-runner's; the engine core (tensor parallel 1) grouping first, then the model,
-then the runner; a tensor-parallel worker the model, then the runner, never
-grouping. Here each order runs in a fresh interpreter of a real vLLM release
+server the model's modules (vLLM's ``ModelConfig`` checks the checkpoint's
+quantization with ``get_quantization_config``, which imports
+``vllm.models.deepseek_v4``: tests/real_vllm/test_metrics.py starts it so) and,
+later, KV-cache grouping's (with its engine client), never the V2 runner's; the
+engine core (tensor parallel 1) grouping first, then the model, then the runner;
+a tensor-parallel worker the model, then the runner, never grouping. The
+modules are imported by name: on a CPU, releases from 0.33.0 on import a CPU
+model package where a GPU server imports these. Here each order runs in a fresh interpreter of a real vLLM release
 (and of 0.25.0 with every patch's REVERT applied, the reported build's code) with the
 shim on ``PYTHONPATH``, as ``dspark-hotfix run`` starts them. The lines, pid
 and time aside, are recorded in docs/evidence/lines.json, and every one of
@@ -15,10 +19,12 @@ scripts/matrix.py): an operator's grep is written from there.
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +102,35 @@ def test_every_line_a_real_process_prints_is_in_the_version_matrix(measured):
     missing = {line for kinds in measured.values() for lines in kinds.values() for line in lines
                if line not in doc}
     assert not missing, f"lines {DOC.relative_to(REPO)} does not quote: {sorted(missing)}"
+
+
+# An engine core as vLLM 0.25.0 starts one: its config's classes imported as it is unpickled (the targets with
+# them), then vLLM's decorate_logs() prefixes its stdout and stderr, then EngineCore loads vLLM's plugins.
+ENGINE_CORE = """
+import vllm.models.deepseek_v4, vllm.v1.core.kv_cache_utils
+from vllm.utils.system_utils import decorate_logs
+decorate_logs("EngineCore")
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+"""
+
+
+def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_the_plugin(tmp_path: Path):
+    python, _ = ensure_venv("0.25.0")
+    # The wheel's entry point, as an installed wheel declares it (setup.cfg), beside the checkout.
+    entry = configparser.ConfigParser()
+    entry.read(REPO / "setup.cfg")
+    info = tmp_path / "dspark_hotfix-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dspark_hotfix\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\n" + entry["options.entry_points"]["vllm.general_plugins"].strip() + "\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]), VLLM_PLUGINS="dspark_hotfix")
+    proc = subprocess.run([str(python), "-c", ENGINE_CORE], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if "[dspark_hotfix] " in line]
+    first, again = ours  # nothing else: no warning
+    pid = first.split(" (pid ", 1)[1].split(")", 1)[0]
+    assert first.startswith("INFO ") and again.startswith(f"(EngineCore pid={pid}) INFO "), (first, again)
+    assert state_of(first.split("[dspark_hotfix] ", 1)[1]) == state_of(again.split("[dspark_hotfix] ", 1)[1])
+    assert "via sitecustomize: guarding: " in again  # vLLM 0.25.0 as released

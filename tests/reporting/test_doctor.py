@@ -189,6 +189,20 @@ def test_doctor_fails_when_the_fix_is_needed_but_switched_off(toys, monkeypatch,
     assert f"PROBLEM       {GREETING.name}, {PLANNER.name} needed but DSPARK_HOTFIX='0' turns the shim off" in out
 
 
+@pytest.mark.parametrize("vllm", ["imports", "does not import"])
+@pytest.mark.parametrize("name", ["doctor", "status"])
+def test_with_the_shim_off_nothing_activated_it_whether_or_not_vllm_imports(toys, monkeypatch, capsys, vllm, name):
+    # Each command judges the patches in its own process, with the shim off too: that is no activation.
+    as_if_started(monkeypatch)
+    monkeypatch.setenv("DSPARK_HOTFIX", "0")
+    if vllm == "does not import":
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(STANDIN)])
+    _, out = report(capsys, name)
+    assert out["activated_by"] is None and out["enabled"] is False
+    _, text = command(capsys, name)
+    assert text.splitlines()[0].startswith("activated by  nothing: DSPARK_HOTFIX turns the shim off (pid "), text
+
+
 def test_doctor_fails_without_any_activation_path(toys, monkeypatch, capsys):
     # No sitecustomize ran in this process, and VLLM_PLUGINS allows no plugin.
     monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)

@@ -1,7 +1,8 @@
 """The summary line on stderr: one whole line once every patch is judged, a new whole line on each later
-decision, never silenced by a logging config applied after activation, and the same verdict in every
-process kind (one that imports every target, one that imports only the model's), on a fixed vLLM only the
-removable line. On the toy patches, in this process."""
+decision, a WARNING where its verdict exits 1, never silenced by a logging config applied after activation,
+said again under vLLM's process prefix once vLLM puts one on stderr, and the same verdict in every process
+kind (one that imports every target, one that imports only the model's), on a fixed vLLM only the removable
+line. On the toy patches, in this process."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import importlib
 import logging
 import logging.config
 import os
+import sys
 
 import pytest
 
 import dspark_hotfix
 from dspark_hotfix import __version__
-from tests.conftest import state_of
+from dspark_hotfix.patches import Need
+from tests.conftest import STATE_LINE, state_of
 from tests.reporting.inprocess import activate, build
 from tests.toys import FAREWELL, GREETING, PLANNER, fixed
 
@@ -48,6 +51,56 @@ def test_a_later_decision_gives_a_new_whole_line(toys, monkeypatch):
     Greeter().greet("again")  # said once: nothing new
     assert [state_of(line) for line in toys.summaries()] == [
         FIXING, f"problem: 1 patched ({PLANNER.name}), 1 raised ({GREETING.name}), 1 not_needed"]
+
+
+def levels(text: str) -> list[tuple[str, str]]:
+    """Each state line's level and verdict, in order."""
+    found = [(line.split(" ", 1)[0], line.split("[dspark_hotfix] ", 1)[1]) for line in text.splitlines()
+             if "[dspark_hotfix] " in line]
+    return [(level, state_of(rest).split(":")[0]) for level, rest in found if STATE_LINE.match(rest)]
+
+
+def test_a_line_whose_verdict_exits_1_is_a_warning_and_the_others_are_info(toys, monkeypatch):
+    # Log pipelines alert on the level: problem and undecided (exit 1) are WARNINGs, fixing INFO.
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (GREETING, FAREWELL, PLANNER))
+    monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{GREETING.name}")
+    activate()
+    assert levels(toys.log.getvalue()) == [("WARNING", "problem")]
+
+
+def test_an_undecided_line_is_a_warning(toys, monkeypatch):
+    inconclusive = dataclasses.replace(GREETING, probe=lambda vllm_greet: Need(None, "probe inconclusive (toy)"))
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (inconclusive, FAREWELL, PLANNER))
+    activate()
+    assert levels(toys.log.getvalue()) == [("WARNING", "undecided")]
+
+
+@pytest.mark.parametrize("edits", ["as shipped", "fixed"])
+def test_fixing_and_removable_lines_are_info(toys, monkeypatch, tmp_path, edits):
+    if edits == "fixed":
+        build(tmp_path, monkeypatch, fixed())
+    activate()
+    assert levels(toys.log.getvalue()) == [("INFO", "fixing" if edits == "as shipped" else "removable")]
+
+
+def decorate(stream, prefix: str) -> None:
+    """What vLLM's ``decorate_logs`` does to a process's stdout and stderr (``vllm.utils.system_utils``,
+    0.25.0): ``write`` replaced on the stream, so that every line written from then on starts with ``prefix``."""
+    write = stream.write
+    stream.write = lambda text: write("".join(prefix + line for line in text.splitlines(keepends=True)))
+
+
+def test_the_line_is_said_again_under_vllms_prefix_once_vllm_puts_it_on_stderr(toys, monkeypatch):
+    # An engine core under the launcher: the targets are imported, and the line said, while its process
+    # starts; vLLM then prefixes its stderr, and loads its plugins: the plugin's call says the line again.
+    monkeypatch.setattr(sys, "stderr", toys.log)  # the process's stderr, where the shim's handler writes
+    activate()
+    decorate(toys.log, "(EngineCore pid=7) ")
+    dspark_hotfix.install("vllm-plugin")
+    dspark_hotfix.install("vllm-plugin")  # nothing changed since: nothing said
+    first, again = toys.log.getvalue().splitlines()
+    assert first.startswith("INFO ") and again.startswith("(EngineCore pid=7) INFO ")
+    assert again.endswith(f"via sitecustomize: {FIXING}") and first.endswith(f"via sitecustomize: {FIXING}")
 
 
 @pytest.fixture

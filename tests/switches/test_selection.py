@@ -1,8 +1,10 @@
-"""``DSPARK_HOTFIX_PATCHES``: selecting and excluding patches by name, unknown names warned about once
-(and briefly, however many), and a needed patch the selection leaves off warned about. On the toy
-patches, in this process."""
+"""``DSPARK_HOTFIX_PATCHES``: selecting and excluding patches by name; a malformed value (unknown names, empty
+entries, names mixed with exclusions) warned about once, briefly however long, with what it selects then;
+and a needed patch the selection leaves off warned about. On the toy patches, in this process."""
 
 from __future__ import annotations
+
+import pytest
 
 from dspark_hotfix import config
 from tests.reporting.inprocess import AS_SHIPPED, activate, build, command, report, states
@@ -27,7 +29,8 @@ def test_selecting_only_the_stop_on_a_build_with_the_correction_released_exits_0
 def test_an_unknown_name_is_a_warning_in_status_not_a_problem(toys, monkeypatch, capsys):
     monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", "-toy_greting")
     code, out = command(capsys, "status")
-    assert code == 0 and "WARNING       DSPARK_HOTFIX_PATCHES: 1 unknown name ignored" in out, out
+    assert code == 0 and "WARNING       DSPARK_HOTFIX_PATCHES='-toy_greting': 1 unknown or empty name ignored; " \
+        f"it selects {', '.join(NAMES)} (known: " in out, out
 
 
 def test_exclusion_leaves_the_excluded_patch_alone(toys, monkeypatch):
@@ -76,15 +79,24 @@ def test_selection_by_exclusion_keeps_the_rest():
     assert config.parse_selection(f"-{PLANNER.name}", NAMES) == (frozenset(NAMES) - {PLANNER.name}, None)
 
 
-def test_a_name_both_selected_and_excluded_is_excluded():
+def test_a_name_both_selected_and_excluded_is_excluded_and_said():
     selected, problem = config.parse_selection(f"{GREETING.name},-{GREETING.name},-{GREETING.name}", NAMES)
-    assert (selected, problem) == (frozenset(), None)
+    assert selected == frozenset()
+    assert problem is not None and ": names mixed with -names; it selects none (known: " in problem
+
+
+def test_names_mixed_with_exclusions_select_the_names_less_the_excluded_and_say_so():
+    selected, problem = config.parse_selection(f"{GREETING.name},{PLANNER.name},-{PLANNER.name}", NAMES)
+    assert selected == {GREETING.name}
+    assert problem is not None and problem.startswith(
+        f"DSPARK_HOTFIX_PATCHES='{GREETING.name},{PLANNER.name},-{PLANNER.name}': names mixed with -names; "
+        f"it selects {GREETING.name} (known: ")
 
 
 def test_selection_with_unknown_name_warns_and_ignores_it():
     selected, problem = config.parse_selection(f"{GREETING.name},bogus", NAMES)
     assert selected == {GREETING.name}
-    assert problem is not None and "1 unknown name ignored ('bogus'; known: " in problem
+    assert problem is not None and f": 1 unknown or empty name ignored; it selects {GREETING.name} (known: " in problem
 
 
 def test_selection_of_only_unknown_names_keeps_every_patch_on():
@@ -92,13 +104,24 @@ def test_selection_of_only_unknown_names_keeps_every_patch_on():
     assert selected == frozenset(NAMES) and problem is not None
 
 
-def test_empty_selection_means_all():
-    assert config.parse_selection(" , ", NAMES) == (frozenset(NAMES), None)
+def test_unset_or_blank_means_all_silently():
+    assert config.parse_selection(None, NAMES) == config.parse_selection(" ", NAMES) == (frozenset(NAMES), None)
+
+
+@pytest.mark.parametrize("raw", [",", "-", " , - ", f"{GREETING.name},", f"-{PLANNER.name},-"])
+def test_an_empty_entry_is_said_and_ignored(raw):
+    # A value with no name in it, or an entry without one: never a silent "all" or a silent selection.
+    selected, problem = config.parse_selection(raw, NAMES)
+    expected = {",": NAMES, "-": NAMES, " , - ": NAMES, f"{GREETING.name},": (GREETING.name,),
+                f"-{PLANNER.name},-": (GREETING.name, FAREWELL.name)}[raw]
+    assert selected == frozenset(expected)
+    assert problem is not None and f": 1 unknown or empty name ignored; it selects {', '.join(expected)} (" in problem
 
 
 def test_thousands_of_unknown_names_give_one_short_warning():
     raw = ",".join(f"name{i}" for i in range(2000)) + ",toy-greeting,-toy-greeting"
     selected, problem = config.parse_selection(raw, NAMES)
     assert selected == frozenset(NAMES) and problem is not None
-    assert problem.startswith("DSPARK_HOTFIX_PATCHES: 2001 unknown names ignored ('name0', 'name1', 'name2', ...;")
+    assert problem.startswith("DSPARK_HOTFIX_PATCHES='name0,name1,") and "... (" in problem
+    assert f": 2001 unknown or empty names ignored; it selects {', '.join(NAMES)} (known: " in problem
     assert len(problem) < 300

@@ -3,10 +3,11 @@
 Run by ``tests/real_vllm/test_metrics.py`` with a real vLLM venv's python, the
 repository on ``PYTHONPATH`` and ``TARGET_MODULES``; prints one JSON object per line:
 
-- ``api``: an API server's process: what it imports for its engine client
-  (``vllm.v1.engine.async_llm``), vLLM's ``/metrics`` route (``attach_router``) on a
-  FastAPI app, scraped over HTTP; then, with ``--then-engine``, the engine core's and
-  the workers' modules imported in the same process and scraped again.
+- ``api``: an API server's process, importing what ``vllm serve`` imports there: the model's
+  modules with vLLM's check of a quantized checkpoint (``ModelConfig`` calls
+  ``get_quantization_config`` for each method it knows, which imports ``vllm.models.deepseek_v4``),
+  then its engine client (``vllm.v1.engine.async_llm``); vLLM's ``/metrics`` route
+  (``attach_router``) on a FastAPI app, scraped over HTTP; which target modules it imported.
 - ``engine``: the engine core's and the workers' modules imported; prints its pid.
 - ``launcher``: as ``vllm serve --api-server-count 2``: ``setup_multiprocess_prometheus()``
   after ``prometheus_client`` is imported (vLLM's CLI imports it first), then an engine
@@ -32,8 +33,10 @@ def samples(text: str) -> list[list]:
             for s in family.samples if s.name.startswith("dspark_hotfix_")]
 
 
-def api(then_engine: bool) -> None:
-    import importlib
+def api() -> None:
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    get_quantization_config("deepseek_v4_fp8")  # as ModelConfig checks a quantized checkpoint: any method imports it
 
     import vllm.v1.engine.async_llm  # noqa: F401
     from fastapi import FastAPI
@@ -46,17 +49,11 @@ def api(then_engine: bool) -> None:
     attach_router(app)
     client = TestClient(app)
 
-    def scrape() -> None:
-        response = client.get("/metrics")
-        registry = get_prometheus_registry()
-        print(json.dumps({"pid": os.getpid(), "status": response.status_code, "default": registry is REGISTRY,
-                          "served": samples(response.text), "direct": samples(generate_latest(registry).decode())}))
-
-    scrape()
-    if then_engine:
-        for module in ENGINE:
-            importlib.import_module(module)
-        scrape()
+    response = client.get("/metrics")
+    registry = get_prometheus_registry()
+    print(json.dumps({"pid": os.getpid(), "status": response.status_code, "default": registry is REGISTRY,
+                      "served": samples(response.text), "direct": samples(generate_latest(registry).decode()),
+                      "imported": [m for m in json.loads(os.environ["TARGET_MODULES"]) if m in sys.modules]}))
 
 
 def engine() -> None:
@@ -80,7 +77,7 @@ def launcher() -> None:
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "api":
-        api("--then-engine" in sys.argv)
+        api()
     elif role == "engine":
         engine()
     else:
