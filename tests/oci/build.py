@@ -70,9 +70,10 @@ def ensure_tools() -> None:
             raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
-def buildah(*args: str, check: bool = True, timeout: float = 1800, **kw) -> subprocess.CompletedProcess[str]:
+def buildah(*args: str, check: bool = True, timeout: float = 1800, prefix: tuple[str, ...] = (),
+            **kw) -> subprocess.CompletedProcess[str]:
     storage = cache_dir()
-    argv = ["buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
+    argv = [*prefix, "buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
             "--storage-driver", "vfs", *args]
     env = {**os.environ, "BUILDAH_ISOLATION": "chroot", **kw.pop("env", {})}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
