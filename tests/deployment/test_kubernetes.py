@@ -15,6 +15,7 @@ import pytest
 import dspark_hotfix
 from scripts import dist
 from tests import kubernetes
+from tests.cache import unavailable
 from tests.conftest import REPO
 
 
@@ -26,7 +27,7 @@ def site():
 def offline() -> tuple[str, ...]:
     """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
-        pytest.skip("needs unshare --net (root) to run the validator without a network")
+        unavailable("needs unshare --net (root) to run the validator without a network")
     return ("unshare", "--net")
 
 
