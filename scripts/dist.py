@@ -11,7 +11,11 @@ Two builds of one commit are byte-identical, wherever they run:
 - the wheel is built from that sdist, the way ``python -m build`` does, so its
   files' modes come from the sdist, not from the umask of the checkout;
 - the build backend is the one installed (``--no-isolation``): setuptools and
-  wheel pinned in requirements-dev.txt, not whatever the index has that day.
+  wheel pinned in requirements-dev.txt, not whatever the index has that day;
+- wrapt's wheel ships beside the shim's, for images that have none (the
+  Kubernetes recipe installs it with ``--no-index``): the Dockerfile's pin, as
+  the pure-Python wheel (one file for every Python and CPU), fetched with pip
+  and refused unless its bytes are the ones pinned here.
 
     python scripts/dist.py [OUTDIR]     # default dist/
 """
@@ -30,6 +34,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# wrapt's C extension only speeds up calls, and the shim's calls are made at start-up.
+WRAPT_WHEEL = "wrapt-1.17.3-py3-none-any.whl"
+WRAPT_SHA256 = "7171ae35d2c33d326ac19dd8facb1e82e5fd04ef8c6c0e394d7af55a55051c22"
 
 
 def source_date_epoch() -> int:
@@ -62,6 +69,25 @@ def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
         raise SystemExit(f"dist: building the {kind} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     (built,) = outdir.glob("*.tar.gz" if kind == "sdist" else "*.whl")
     return built
+
+
+def wrapt_wheel(outdir: Path) -> Path:
+    """``WRAPT_WHEEL`` in ``outdir``, from pip's index (or its cache), with the pinned sum."""
+    version = WRAPT_WHEEL.split("-")[1]
+    with tempfile.TemporaryDirectory(prefix="dspark-hotfix-wrapt-") as tmp:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+                               "--no-deps", "--only-binary=:all:", "--platform", "any", "--implementation", "py",
+                               "--abi", "none", "--python-version", "3.10", "--dest", tmp, f"wrapt=={version}"],
+                              capture_output=True, text=True)
+        fetched = Path(tmp) / WRAPT_WHEEL
+        if proc.returncode != 0 or not fetched.exists():
+            raise SystemExit(f"dist: could not fetch {WRAPT_WHEEL} (PIP_INDEX_URL names a mirror):\n"
+                             f"{proc.stderr[-3000:]}")
+        data = fetched.read_bytes()
+    if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
+        raise SystemExit(f"dist: {WRAPT_WHEEL} has sha256 {hashlib.sha256(data).hexdigest()}, not {WRAPT_SHA256}")
+    (outdir / WRAPT_WHEEL).write_bytes(data)
+    return outdir / WRAPT_WHEEL
 
 
 def normalized_sdist(sdist: Path, epoch: int) -> bytes:
@@ -100,7 +126,7 @@ def main(argv: list[str]) -> int:
         final_wheel = outdir / wheel.name
         shutil.copyfile(wheel, final_wheel)
     sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
-                   for p in sorted((final_sdist, final_wheel), key=lambda p: p.name))
+                   for p in sorted((final_sdist, final_wheel, wrapt_wheel(outdir)), key=lambda p: p.name))
     (outdir / "SHA256SUMS").write_text(sums)
     sys.stdout.write(sums)
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.venvs import cache_dir
+from tests.cache import unavailable
 from tests.conftest import REPO, STANDIN, clean_env, run_in_env
 from tests.toys import USE
 
@@ -40,7 +41,7 @@ def tools() -> Path:
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade",
                                "--target", str(target), *TOOLS], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 and any(word in proc.stdout + proc.stderr for word in OFFLINE):
-            pytest.skip(f"the package registry is unreachable: {proc.stderr.strip().splitlines()[-1]}")
+            unavailable(f"the package registry is unreachable: {proc.stderr.strip().splitlines()[-1]}")
         assert proc.returncode == 0, proc.stderr[-3000:]
         stamp.write_text(wanted)
     return target

@@ -240,6 +240,14 @@ def test_every_link_between_the_docs_resolves():
     assert links > 20
 
 
+def test_every_tier_selection_the_docs_write_is_the_makefiles():
+    makefile = (REPO / "Makefile").read_text()
+    tiers = {m[1]: m[2] for m in re.finditer(r"^(FAST|SLOW) := (.+)$", makefile, re.MULTILINE)}
+    written = [(doc, m[1]) for doc in (*HAND_WRITTEN, "tests/README.md")
+               for m in re.finditer(r'pytest[^`\n]* -m "([^"]+)"', text(doc))]
+    assert written and all(expr in tiers.values() for _, expr in written), (written, tiers)
+
+
 def test_the_docs_an_operator_reads_stay_short():
     assert len(text("README.md").splitlines()) <= 120
     assert len(text("docs/OPERATORS.md").splitlines()) <= 250

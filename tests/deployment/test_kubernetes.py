@@ -14,7 +14,9 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix.startup import sitecustomize
+from scripts import dist
 from tests import kubernetes
+from tests.cache import unavailable
 from tests.conftest import REPO
 
 
@@ -26,7 +28,7 @@ def site():
 def offline() -> tuple[str, ...]:
     """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
-        pytest.skip("needs unshare --net (root) to run the validator without a network")
+        unavailable("needs unshare --net (root) to run the validator without a network")
     return ("unshare", "--net")
 
 
@@ -53,8 +55,9 @@ def test_the_init_container_runs_the_serving_image_with_the_servers_environment(
     init_env, server_env = kubernetes.env(init), kubernetes.env(server)
     assert {k: init_env[k] for k in server_env} == server_env  # doctor judges the server's environment
     assert init_env["DSPARK_HOTFIX_VERSION"] == dspark_hotfix.__version__
-    pinned = re.search(r"^ARG WRAPT=(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
-    assert pinned and init_env["WRAPT"] == pinned[1]
+    # The wrapt wheel make dist ships, the Dockerfile's pin.
+    pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    assert pinned and init_env["WRAPT_WHEEL"] == dist.WRAPT_WHEEL == f"wrapt-{pinned[1]}-py3-none-any.whl"
     # doctor as a module: the volume's console script carries the shebang of wherever pip ran.
     assert "python3 -m dspark_hotfix doctor" in init["args"][0] and "dspark-hotfix doctor" not in init["args"][0]
 
@@ -98,13 +101,19 @@ def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_configmap_is_made_from_the_wheel_and_its_sums_the_init_container_checks(site):
+def test_the_configmap_is_made_from_the_wheels_and_their_sums_the_init_container_checks(site):
     made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
     for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
-        text = where.read_text()
-        assert made in text and "--from-file=dist/SHA256SUMS" in text.split(made, 1)[1].split("\n\n")[0], where
-    script = kubernetes.pod(site)["initContainers"][0]["args"][0]
-    assert -1 < script.find("| sha256sum -c") < script.find("pip install")
+        command = where.read_text().split(made, 1)[-1].split("\n\n")[0]
+        assert made in where.read_text(), where
+        assert f"--from-file=dist/{dist.WRAPT_WHEEL}" in command and "--from-file=dist/SHA256SUMS" in command, where
+    # Each wheel's own line of SHA256SUMS checked before pip sees it; pip never asks an index.
+    lines = kubernetes.pod(site)["initContainers"][0]["args"][0].replace("\\\n", " ").splitlines()
+    installs = [n for n, line in enumerate(lines) if "pip install" in line]
+    assert len(installs) == 2 and all("--no-index" in lines[n] for n in installs), lines
+    wheels = ("dspark_hotfix-${DSPARK_HOTFIX_VERSION}-py3-none-any.whl", "${WRAPT_WHEEL}")
+    for n, wheel in zip(installs, wheels, strict=True):
+        assert "| sha256sum -c" in lines[n - 1] and f"  {wheel}\\$" in lines[n - 1] and f'/{wheel}"' in lines[n]
 
 
 def test_the_b_arm_words_are_the_shims_false_words(site):

@@ -17,6 +17,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from dspark_hotfix import __version__
 from tests import status_shape
 from tests.conftest import (
@@ -86,11 +88,21 @@ def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
     built = [make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}")
              for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000)))]
     first, second = built
+    dist = dist_module()
     assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
-                             f"dspark_hotfix-{__version__}.tar.gz"]
+                             f"dspark_hotfix-{__version__}.tar.gz", dist.WRAPT_WHEEL]
     assert first == second  # byte for byte, the sums included
     sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
     assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
+    assert sums[dist.WRAPT_WHEEL] == dist.WRAPT_SHA256  # the bytes pinned, whatever the index served
+
+
+def test_make_dist_refuses_a_wrapt_wheel_whose_sum_is_not_the_pinned_one(tmp_path, monkeypatch):
+    module = dist_module()
+    monkeypatch.setattr(module, "WRAPT_SHA256", "0" * 64)
+    with pytest.raises(SystemExit, match=f"{module.WRAPT_WHEEL} has sha256 [0-9a-f]{{64}}, not 0{{64}}"):
+        module.wrapt_wheel(tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):

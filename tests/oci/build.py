@@ -70,9 +70,10 @@ def ensure_tools() -> None:
             raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
-def buildah(*args: str, check: bool = True, timeout: float = 1800, **kw) -> subprocess.CompletedProcess[str]:
+def buildah(*args: str, check: bool = True, timeout: float = 1800, prefix: tuple[str, ...] = (),
+            **kw) -> subprocess.CompletedProcess[str]:
     storage = cache_dir()
-    argv = ["buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
+    argv = [*prefix, "buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
             "--storage-driver", "vfs", *args]
     env = {**os.environ, "BUILDAH_ISOLATION": "chroot", **kw.pop("env", {})}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
@@ -110,7 +111,8 @@ def bookworm() -> str:
         proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm",
                                str(rootfs), MIRROR], capture_output=True, text=True, timeout=1200)
         if proc.returncode != 0:
-            raise RuntimeError(f"debootstrap failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"debootstrap could not make Debian bookworm from {MIRROR}:\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-3000:]}")
         if ca:
             shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -169,10 +171,11 @@ def serving(variant: str = "reported") -> str:
     return name
 
 
-def build_dockerfile(base: str, tag: str, *build_args: str) -> subprocess.CompletedProcess[str]:
-    """The project's Dockerfile built on ``base``; the wheel stage runs on the same image (it has pip)."""
+def build_dockerfile(base: str, tag: str, *build_args: str, layers: bool = False) -> subprocess.CompletedProcess[str]:
+    """The project's Dockerfile built on ``base``; the wheel stage runs on the same image (it has pip).
+    buildah commits one layer for the whole build; ``layers`` commits one per instruction, as docker build does."""
     args = ["bud", "--pull=never", "--isolation", "chroot", "--build-arg", f"VLLM_IMAGE={base}",
-            "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag]
+            "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag, *(("--layers", "--no-cache") if layers else ())]
     for arg in build_args:
         args += ["--build-arg", arg]
     return buildah(*args, "-f", str(REPO / "Dockerfile"), str(REPO), check=False)
@@ -184,8 +187,22 @@ def top_layer(name: str) -> dict:
     storage = cache_dir() / "storage"
     images = json.loads((storage / "vfs-images" / "images.json").read_text())
     layer_id = next(i["layer"] for i in images if i["id"] == image_id)
-    layers = json.loads((storage / "vfs-layers" / "layers.json").read_text())
-    return next(layer for layer in layers if layer["id"] == layer_id)
+    return stored_layers()[layer_id]
+
+
+def stored_layers() -> dict[str, dict]:
+    layers = json.loads((cache_dir() / "storage" / "vfs-layers" / "layers.json").read_text())
+    return {layer["id"]: layer for layer in layers}
+
+
+def layers_above(name: str, base: str) -> list[dict]:
+    """The layers image ``name`` adds on image ``base``, newest first."""
+    layers, layer, stop = stored_layers(), top_layer(name), top_layer(base)["id"]
+    added = []
+    while layer["id"] != stop:
+        added.append(layer)
+        layer = layers[layer["parent"]]
+    return added
 
 
 def prune(repository: str, keep: str) -> None:

@@ -5,8 +5,9 @@ Debian bookworm, a venv on PATH, no wrapt, the stand-in vLLM installed, a
 sitecustomize of the image's own. A second base carries the upstream fix and a
 wrapt 2.x of its own. Base images are cached; the Dockerfile is built every run.
 On the same bases, the Kubernetes manifest's pod (deploy/kubernetes/): its init
-container's commands as written there, then the server's environment, the
-emptyDir a host directory, the ConfigMap a directory holding the wheel and its SHA256SUMS.
+container's commands as written there, without a network (``unshare --net``), then
+the server's environment, the emptyDir a host directory, the ConfigMap a directory
+holding make dist's wheels (the shim's and wrapt's) and their SHA256SUMS.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix.patches import ALL
+from scripts import dist
 from tests import kubernetes, status_shape
+from tests.cache import unavailable
 from tests.conftest import REPO
 from tests.oci import build
 
@@ -39,6 +42,8 @@ print(json.dumps({"status": dspark_hotfix.status(), "pid": os.getpid(), "wrapt":
                   "wrapt_file": wrapt.__file__,
                   "env": {k: os.environ.get(k) for k in ("IMAGE_SITECUSTOMIZE_PID", "PYTHONPATH", "DSPARK_HOTFIX")}}))
 """
+# The digest of a layer that changes nothing: an empty tar archive.
+EMPTY_LAYER = f"sha256:{hashlib.sha256(bytes(1024)).hexdigest()}"
 # A patch the reported build needs: the stand-in needs every correction (status_shape.fixes_installed).
 NEEDED = next(p for p in ALL if not p.stops)
 
@@ -48,24 +53,24 @@ def names_every_patch(report: str) -> bool:
     return all(p.name in report for p in ALL)
 
 
-def unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the OCI tier cannot run in CI: {reason}")
-    pytest.skip(reason)
+# The init container runs in a network namespace of its own with only a loopback: a cluster without internet access.
+OFFLINE = ("unshare", "--net")
 
 
 @pytest.fixture(scope="module")
 def tools():
     try:
         build.ensure_tools()
+        subprocess.run([*OFFLINE, "true"], check=True, capture_output=True)
+        build.bookworm()  # Debian's archive, through debootstrap
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         unavailable(str(exc))
 
 
 class Image:
-    def __init__(self, base: str, tag: str, *build_args: str):
+    def __init__(self, base: str, tag: str, *build_args: str, layers: bool = False):
         self.base, self.tag = base, tag
-        self.build = build.build_dockerfile(base, tag, *build_args)
+        self.build = build.build_dockerfile(base, tag, *build_args, layers=layers)
         self.log = self.build.stdout + self.build.stderr
         self.container: str | None = None
 
@@ -86,17 +91,20 @@ class Image:
         build.buildah("rmi", self.tag, check=False)
 
 
-def run_in(container: str, *argv: str, env: dict[str, str] | None = None,
-           volumes: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run_in(container: str, *argv: str, env: dict[str, str] | None = None, volumes: tuple[str, ...] = (),
+           prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     flags = [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--volume={v}" for v in volumes]
-    return build.buildah("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300)
+    return build.buildah("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300,
+                         prefix=prefix)
 
 
 @pytest.fixture(scope="module")
 def reported(tools):
-    image = Image(build.serving("reported"), f"localhost/dspark-hotfix-oci/test-reported:{os.getpid()}")
+    # One layer per instruction, as docker build makes them; the "fixed" images get buildah's one layer.
+    image = Image(build.serving("reported"), f"localhost/dspark-hotfix-oci/test-reported:{os.getpid()}", layers=True)
     yield image
     image.remove()
+    build.buildah("rmi", "--prune", check=False)  # the layers' intermediate images (vfs keeps a full copy each)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +120,7 @@ def fixed(tools):
 
 def test_the_image_builds_on_the_reported_build_and_doctor_passes_at_build_and_in_it(reported):
     assert reported.build.returncode == 0, reported.log[-4000:]
-    assert re.search(r"STEP \d+/\d+: RUN \$\{PYTHON\} -m dspark_hotfix doctor", reported.log)
+    assert re.search(r"STEP \d+/\d+: RUN PYTHONDONTWRITEBYTECODE=1 \$\{PYTHON\} -m dspark_hotfix doctor", reported.log)
     doctor = reported.run("python3", "-m", "dspark_hotfix", "doctor")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
 
@@ -140,18 +148,25 @@ def test_the_engine_starts_and_the_b_arm_crashes_as_reported(reported):
     assert off["error"] == REPORTED_ERROR and off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]
 
 
-def test_the_image_is_labelled_with_the_version_and_keeps_no_wheel(reported):
+def test_the_image_is_labelled_keeps_no_wheel_and_adds_one_non_empty_layer_built_as_docker_does(reported):
     assert reported.build.returncode == 0, reported.log[-4000:]
     labels = json.loads(build.buildah("inspect", "--type", "image", reported.tag).stdout)["OCIv1"]["config"]["Labels"]
     assert labels["org.opencontainers.image.version"] == dspark_hotfix.__version__
     assert labels["io.dspark-hotfix.version"] == dspark_hotfix.__version__
     found = reported.run("find", "/", "-xdev", "-name", "dspark_hotfix-*.whl")
     assert found.returncode == 0 and found.stdout.strip() == ""
-    # One layer on top of the base, small: the package, wrapt and the link.
-    layer, base = build.top_layer(reported.tag), build.top_layer(reported.base)
-    assert layer["parent"] == base["id"]
+    # Built one layer per instruction, one layer holds anything: the package, wrapt and the link. The doctor
+    # step, which imports vLLM, adds an empty one (an empty tar: 1024 zero bytes), as docker build's 0 B layer.
+    added = build.layers_above(reported.tag, reported.base)
+    print(f"layers on the base, newest first: {[layer['diff-size'] for layer in added]} bytes")
+    (layer,) = [layer for layer in added if layer["diff-digest"] != EMPTY_LAYER]
     assert 0 < layer["diff-size"] < 2_000_000
-    print(f"shim layer: {layer['diff-size']} bytes")
+
+
+def test_built_as_buildah_does_by_default_the_shim_adds_one_layer(fixed):
+    assert fixed.allowed.build.returncode == 0, fixed.allowed.log[-4000:]
+    (layer,) = build.layers_above(fixed.allowed.tag, fixed.allowed.base)
+    assert 0 < layer["diff-size"] < 2_000_000
 
 
 def test_a_base_that_needs_no_fix_builds_only_when_allowed(fixed):
@@ -188,26 +203,30 @@ def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
 class Pod:
     """The manifest's pod on ``base``: the init container run as written, then one server container."""
 
-    def __init__(self, base: str, wheel: Path, root: Path, site: Path, sums: str | None = None, **init_env: str):
+    def __init__(self, base: str, wheels: tuple[Path, ...], root: Path, site: Path, sums: str | None = None,
+                 **init_env: str):
         spec = kubernetes.pod(site)
         (self.init,), (self.server,) = spec["initContainers"], spec["containers"]
-        self.base, self.volume, wheels = base, root / "emptyDir", root / "configMap"
+        self.base, self.volume, configmap = base, root / "emptyDir", root / "configMap"
         self.volume.mkdir(parents=True)
-        wheels.mkdir()
-        # kubectl create configmap dspark-hotfix-wheels --from-file=<the wheel> --from-file=<SHA256SUMS>
-        shutil.copy(wheel, wheels)
-        (wheels / "SHA256SUMS").write_text(sha256sums(wheel) if sums is None else sums)
-        self.hosts = {"dspark-hotfix": self.volume, "dspark-hotfix-wheels": wheels}
+        configmap.mkdir()
+        # kubectl create configmap dspark-hotfix-wheels --from-file=<each wheel> --from-file=<SHA256SUMS>
+        for wheel in wheels:
+            shutil.copy(wheel, configmap)
+        (configmap / "SHA256SUMS").write_text(sha256sums(*wheels) if sums is None else sums)
+        self.hosts = {"dspark-hotfix": self.volume, "dspark-hotfix-wheels": configmap}
         self.containers: dict[str, str] = {}
-        self.init_run = self.start(self.init, [*self.init["command"], *self.init["args"]], **init_env)
+        self.init_run = self.start(self.init, [*self.init["command"], *self.init["args"]], prefix=OFFLINE,
+                                   **init_env)
 
-    def start(self, container: dict, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    def start(self, container: dict, argv: list[str], prefix: tuple[str, ...] = (),
+              **env: str) -> subprocess.CompletedProcess[str]:
         volumes = tuple(f"{self.hosts[m['name']]}:{m['mountPath']}" + (":ro" if m.get("readOnly") else "")
                         for m in container["volumeMounts"] if m["name"] in self.hosts)
         if container["name"] not in self.containers:
             self.containers[container["name"]] = build.buildah("from", "--pull=never", self.base).stdout.strip()
         return run_in(self.containers[container["name"]], *argv, env={**kubernetes.env(container), **env},
-                      volumes=volumes)
+                      volumes=volumes, prefix=prefix)
 
     def serve(self, *argv: str, **env: str) -> dict:
         proc = self.start(self.server, list(argv), **env)
@@ -219,15 +238,25 @@ class Pod:
             build.buildah("rm", name, check=False)
 
 
-def sha256sums(wheel: Path) -> str:
-    """make dist's line for the wheel."""
-    return f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n"
+def sha256sums(*wheels: Path) -> str:
+    """make dist's lines for the wheels."""
+    return "".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in sorted(wheels))
+
+
+@pytest.fixture(scope="module")
+def wrapt_wheel(tmp_path_factory) -> Path:
+    """The wrapt wheel make dist ships, fetched and checked as make dist does."""
+    try:
+        return dist.wrapt_wheel(tmp_path_factory.mktemp("wrapt"))
+    except SystemExit as exc:
+        unavailable(str(exc))
 
 
 @pytest.fixture
-def pods():
+def pods(wrapt_wheel):
+    """Pods of the manifest: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and wrapt's."""
     made: list[Pod] = []
-    yield lambda *args, **env: made.append(Pod(*args, **env)) or made[-1]
+    yield lambda base, wheel, *args, **env: made.append(Pod(base, (wheel, wrapt_wheel), *args, **env)) or made[-1]
     for pod in made:
         pod.remove()
 
@@ -242,12 +271,13 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
     pod = pods(build.serving("reported"), wheel, tmp_path, site)
     assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
     assert f"{wheel.name}: OK" in pod.init_run.stdout  # sha256sum -c
+    assert f"{dist.WRAPT_WHEEL}: OK" in pod.init_run.stdout  # the base has none: the ConfigMap's, checked
     assert "PROBLEM" not in pod.init_run.stdout and names_every_patch(pod.init_run.stdout)  # doctor's report
     # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
     got = pod.serve("python3", "-c", PROBE)
     assert status_shape.fixes_installed(got["status"]), got["status"]
     assert status_shape.activated_by(got["status"]) == "sitecustomize"
-    assert got["wrapt"] == kubernetes.env(pod.init)["WRAPT"].split("==")[1]
+    assert got["wrapt"] == kubernetes.env(pod.init)["WRAPT_WHEEL"].split("-")[1]
     assert got["wrapt_file"].startswith("/opt/dspark-hotfix/wrapt/")
     assert (pod.volume / "wrapt").is_dir() and (pod.volume / "dspark_hotfix" / "startup" / "sitecustomize.py").exists()
     assert pod.serve("python3", "/opt/standin/warmup.py")["error"] is None

@@ -19,9 +19,12 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 import dspark_hotfix
 from dspark_hotfix import __version__, doctor, metrics, registry
 from scripts.venvs import cache_dir
+from tests.cache import unavailable
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -265,13 +268,15 @@ def documented_queries() -> list[str]:
 
 
 def promtool() -> str:
-    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, unpacked once into the cache
-    (never installed: no service of it starts)."""
+    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, downloaded with apt-get and unpacked
+    once into the cache (never installed: no service of it starts). Where neither can be had, the test skips."""
     found = shutil.which("promtool")
     root = cache_dir() / "promtool"
     binary = root / "usr" / "bin" / "promtool"
     if found or binary.exists():
         return found or str(binary)
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        unavailable("promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's prometheus")
     download = root.with_name("promtool-deb")
     download.mkdir(parents=True, exist_ok=True)
     for argv in (["apt-get", "download", "-q", "prometheus"], ["apt-get", "update", "-qq"],
@@ -280,9 +285,21 @@ def promtool() -> str:
         if proc.returncode == 0 and argv[1] == "download":
             break
     debs = sorted(download.glob("prometheus_*.deb"))
-    assert debs, f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}"
+    if not debs:
+        unavailable(f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}")
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
     return str(binary)
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)])
+def test_without_promtool_or_apt_get_the_alert_test_skips_with_the_reason_and_fails_in_ci(monkeypatch, tmp_path, ci,
+                                                                                         outcome):
+    monkeypatch.setenv("DSPARK_HOTFIX_CACHE", str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None)  # a host that is not Debian
+    with pytest.raises(outcome, match="promtool is not on PATH, and this host has no apt-get"):
+        promtool()
+    assert list(tmp_path.iterdir()) == []
 
 
 # A child forked while another thread of the parent publishes: the state lock held at the fork.

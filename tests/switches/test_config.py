@@ -1,5 +1,6 @@
-"""What any switch's value does beyond its own meaning: a malformed value warns once and keeps the default
-(fail safe), huge values are cut short, and no value is ever evaluated.
+"""What any switch's value does beyond its own meaning: a malformed on/off value warns once and turns that switch
+off (fail safe), an unknown patch name warns once and is ignored, huge values are cut short, and no value is ever
+evaluated.
 
 Each switch's own values: test_kill_switch.py, test_selection.py, test_strict.py. ``DSPARK_HOTFIX`` is read
 at interpreter start (the start-up hook), so its cases run in fresh interpreters; the others in this process."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import dspark_hotfix
-from tests.conftest import STATUS, child, json_lines
+from tests.conftest import REPO, STATUS, child, json_lines
 from tests.toys import USE
 
 # Per toy target the toy build has, how many wrappers sit on its plain function in its class's (or module's)
@@ -90,7 +90,7 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
     switch(raw)
     assert [dspark_hotfix.enabled(), dspark_hotfix.enabled()] == [False, False]
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and "OFF" in lines[0]
+    assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and lines[0].endswith(": the shim is OFF")
 
 
 ENABLED = "import dspark_hotfix; print(dspark_hotfix.enabled())\nprint(dspark_hotfix.enabled())\n"
@@ -106,4 +106,18 @@ def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
     proc = child(ENABLED, env={"DSPARK_HOTFIX": raw})
     assert proc.stdout.split() == [on, on]
     lines = proc.stderr.splitlines()
-    assert len(lines) == said and all(f"DSPARK_HOTFIX={raw!r}" in line and "OFF" in line for line in lines), lines
+    assert len(lines) == said and all(f"DSPARK_HOTFIX={raw!r}" in line and line.endswith(": the shim is OFF")
+                                      for line in lines), lines
+
+
+def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_warnings_words(capsys):
+    from dspark_hotfix.cli import main
+
+    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `DSPARK_HOTFIX` |")]
+    assert "on (unset or blank)" in row
+    assert "Any other value is off too, with one warning ending `: the shim is OFF`" in row
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "DSPARK_HOTFIX 1/true/on/yes, blank or unset: on; 0/false/off/no: off; anything else: off, with one " \
+           "warning (the shim is OFF)" in help_text
