@@ -15,7 +15,7 @@ import os
 
 from dspark_hotfix.startup.sitecustomize import say, shown, switch
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 __all__ = ["HotfixError", "__version__", "enabled", "install", "say", "shown", "status", "switch"]
 
 ENABLE = "DSPARK_HOTFIX"
