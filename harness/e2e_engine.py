@@ -39,6 +39,8 @@ def engine(args: argparse.Namespace) -> int:
     result["vllm_version"] = getattr(vllm, "__version__", None)
     result["shim_loaded"] = "dspark_hotfix" in sys.modules
     save()
+    if args.digests:  # collective_rpc sends a function to the engine's worker: vLLM pickles it then
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     started = time.monotonic()
     llm = LLM(
         model=str(args.model_dir),
@@ -57,6 +59,12 @@ def engine(args: argparse.Namespace) -> int:
     )
     result["engine_start_s"] = round(time.monotonic() - started, 1)
     save()
+    if args.digests:
+        digests = llm.collective_rpc(_draft_digests)[0]
+        result["draft_digests"] = digests
+        lines = "".join(f"{name} {digest}\n" for name, digest in sorted(digests.items()))
+        result["draft_digest"] = {"parameters": len(digests), "sha256": hashlib.sha256(lines.encode()).hexdigest()}
+        save()
     rng = random.Random(0)
     prompts = [
         {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]} for _ in range(args.batch)
@@ -108,6 +116,19 @@ def engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _draft_digests(worker) -> dict:
+    """The sha256 of each parameter of the draft model as loaded (after vLLM processed the weights),
+    in the worker that holds it."""
+    import torch
+
+    model = worker.model_runner.speculator.model
+    out = {}
+    for name, param in model.named_parameters():
+        data = param.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
+        out[name] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 def _spec_metrics(llm) -> dict:
     values: dict = {}
     for metric in llm.get_metrics():
@@ -131,6 +152,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--reps", type=int, required=True)
     parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--digests", action="store_true", help="each draft parameter's sha256 once loaded")
     return engine(parser.parse_args())
 
 

@@ -25,6 +25,14 @@ or of --config, e.g. harness/e2e/config-swa-only.json):
             baseline-hma-off dies with the reported RuntimeError; shim-hma-off stops at KV-cache
             grouping with the shim's kv_cache_groups error
 
+With --real the model folder gets harness.checkpoint's weights (written once per machine) and every
+engine loads them (load_format="auto") and records each draft parameter's sha256. Then also:
+
+  remap-only / no-remap   the reverted copy with the shim's remap alone / without it
+            (DSPARK_HOTFIX_PATCHES): the report's two bugs one at a time
+  tolerant / tolerant-fixed   unmodified vLLM 0.25.0 with the shifted remap in a draft loader that
+            skips a layer it does not have (TOLERANT), without / with the shim: the silent form
+
 The engine itself runs in a child process, harness/e2e_engine.py started by its path, one per run,
 with the PYTHONPATH of its variant. Standard library only.
 """
@@ -86,6 +94,19 @@ REVERT = (
         '        return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"\n',
     ),
 )
+# The silent form of the report's first bug, as the report describes the draft layers "possibly
+# randomly initialised": unmodified vLLM 0.25.0 with the shifted remap, whose draft loader skips a
+# layer it does not have instead of raising. The KV-cache fix stays, so the engine serves.
+TOLERANT = (
+    REVERT[2],
+    (
+        "vllm/models/deepseek_v4/nvidia/dspark.py",
+        "            name = mapped\n",
+        "            name = mapped\n"
+        '            if name.startswith("model.layers.") and int(name.split(".")[2]) >= len(self.model.layers):\n'
+        "                continue  # tolerant: a layer this draft does not have\n",
+    ),
+)
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -130,20 +151,24 @@ def prepare(_: argparse.Namespace) -> int:
     packed = STAGE / "e2e.tar"
     packed.with_suffix(".tar.xz").unlink(missing_ok=True)
     reverted: dict[str, str] = {}
+    tolerant: dict[str, str] = {}
     with zipfile.ZipFile(vllm_wheel) as wheel, tarfile.open(packed, "w") as tar:
         for info in wheel.infolist():
             if info.is_dir() or any(p.search(info.filename) for p in WHEEL_SKIP):
                 continue
             data = wheel.read(info.filename)
             _add(tar, f"vllm-site/{info.filename}", data, executable=info.filename.endswith(".so"))
-            for path, old, new in REVERT:
-                if info.filename == path:
-                    text = data.decode()
-                    if text.count(old) != 1:
-                        raise SystemExit(f"{path}: expected the released line once: {old!r}")
-                    reverted[path] = text.replace(old, new)
+            for edits, overlay in ((REVERT, reverted), (TOLERANT, tolerant)):
+                for path, old, new in edits:
+                    if info.filename == path:
+                        text = overlay.get(path, data.decode())
+                        if text.count(old) != 1:
+                            raise SystemExit(f"{path}: expected the released line once: {old!r}")
+                        overlay[path] = text.replace(old, new)
         for path, text in reverted.items():
             _add(tar, f"revert-overlay/{path}", text.encode())
+        for path, text in tolerant.items():
+            _add(tar, f"tolerant-overlay/{path}", text.encode())
         if len(reverted) != len(REVERT):
             raise SystemExit(f"revert: found {sorted(reverted)} of {[r[0] for r in REVERT]}")
         for whl in dep_wheels:
@@ -230,6 +255,12 @@ def unpack(log) -> dict:
         target = rev / path
         target.unlink()
         shutil.copy(DEVICE_ROOT / "revert-overlay" / path, target)
+    # The tolerant copy (TOLERANT): unmodified vLLM with the shifted remap in a loader that skips.
+    tol = DEVICE_ROOT / "vllm-tol"
+    _log_run(log, ["cp", "-al", str(DEVICE_ROOT / "vllm-site"), str(tol)], check=True)
+    for path in {p for p, _, _ in TOLERANT}:
+        (tol / path).unlink()
+        shutil.copy(DEVICE_ROOT / "tolerant-overlay" / path, tol / path)
     info = {"manifest": manifest, "unpack_s": round(time.monotonic() - started, 1)}
     ready.write_text(json.dumps(info, indent=2))
     return info
@@ -278,6 +309,10 @@ def variant_env(variant: str) -> dict[str, str]:
     elif variant == "shim":
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-site"), deps])
         env.pop("DSPARK_HOTFIX", None)
+    elif variant in ("tolerant", "tolerant-fixed"):  # TOLERANT's copy, without and with the shim
+        shim = [str(REPO)] if variant == "tolerant-fixed" else []
+        env["PYTHONPATH"] = os.pathsep.join([*shim, str(DEVICE_ROOT / "vllm-tol"), deps])
+        env["DSPARK_HOTFIX"] = "1" if shim else "0"
     elif variant in ONE_BUG:  # the reverted copy with one of the shim's patches: the other bug alone
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-rev"), deps])
         env.pop("DSPARK_HOTFIX", None)
@@ -296,7 +331,7 @@ def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, ti
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
     command = [sys.executable, str(ENGINE), "--result", str(result_file), "--model-dir", str(args.model_dir)]
-    command += ["--load-format", "auto" if args.real else "dummy"]
+    command += ["--load-format", "auto" if args.real else "dummy"] + (["--digests"] if args.real else [])
     for option in ("spec_tokens", "batch", "prompt_len", "max_tokens", "reps"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     cache_files_before = sum(1 for _ in (DEVICE_ROOT / "cache").rglob("*"))
@@ -443,6 +478,7 @@ SUMMARY_FIELDS = (
     "last_error",
     "timed",
     "draft_params_loaded",
+    "draft_digest",
     "root_cause",
     "spec_metrics_total",
 )

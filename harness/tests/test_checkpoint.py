@@ -124,3 +124,23 @@ def test_on_the_h200_unmodified_vllm_accepts_every_draft_token_of_the_real_check
     samples = engine("call10", "01-baseline")["sample_output_token_ids"]
     follows = child("construction.py", json.dumps(CONFIG), json.dumps(samples))  # torch's permutation: in the venv
     assert follows == [len(ids) - 1 for ids in samples] == [23, 23]  # every step t -> succ(t)
+
+
+def test_the_tolerant_copy_skips_the_shifted_draft_layers_and_keeps_the_kv_fix():
+    from harness import e2e_h200
+
+    python, _ = ensure_venv("0.25.0")
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (path,) = {p for p, _, _ in e2e_h200.TOLERANT}
+    text = (Path(site) / path).read_text()
+    for _, old, new in e2e_h200.TOLERANT:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    compile(text, path, "exec")
+    assert "num_hidden_layers + stage" in text and "continue  # tolerant" in text
+    assert {p for p, _, _ in e2e_h200.TOLERANT} == {e2e_h200.REVERT[2][0]}  # the KV-cache files stay as released
