@@ -293,7 +293,14 @@ ARMS = {
     "baseline": ("vllm-site", False, False, None),
     "baseline-hma-off": ("vllm-site", False, False, None),
     "shim-hma-off": ("vllm-site", True, True, None),
+    # With --real (harness.checkpoint's weights): the report's two bugs one at a time, and the
+    # silent form of the first (harness.e2e_h200.TOLERANT's copy), without and with the plugin.
+    "remap-only": ("vllm-rev", True, False, None),
+    "no-remap": ("vllm-rev", True, False, None),
+    "tolerant": ("vllm-tol", False, False, None),
+    "tolerant-plugin": ("vllm-tol", True, False, None),
 }
+PATCHES = {"remap-only": "remap_dspark_name", "no-remap": "-remap_dspark_name"}  # DSPARK_HOTFIX_PATCHES
 
 
 def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
@@ -307,6 +314,9 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
         env.pop(name, None)
     if switch is not None:
         env["DSPARK_HOTFIX"] = switch
+    env.pop("DSPARK_HOTFIX_PATCHES", None)
+    if arm in PATCHES:
+        env["DSPARK_HOTFIX_PATCHES"] = PATCHES[arm]
     # Nothing outside the machine can be reached: a server there is an air-gapped one.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # NVLink multicast stays off on a shared host (KINDS.md): vLLM's symmetric-memory all-reduce
@@ -326,9 +336,13 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
     return env, ["dspark-hotfix", "run", "--"] if launcher else []
 
 
-def serve_command(model_dir: Path, arm: str, port: int, tp: int, gpu_share: float, eager: bool = True) -> list[str]:
-    """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short starts."""
-    command = ["vllm", "serve", str(model_dir), *"--load-format dummy --kv-cache-dtype fp8 --block-size 256".split()]
+def serve_command(
+    model_dir: Path, arm: str, port: int, tp: int, gpu_share: float, eager: bool = True, real: bool = False
+) -> list[str]:
+    """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short starts;
+    ``real``: the model folder's weights (harness.checkpoint), not --load-format dummy."""
+    command = ["vllm", "serve", str(model_dir), *([] if real else ["--load-format", "dummy"])]
+    command += "--kv-cache-dtype fp8 --block-size 256".split()
     command += ["--spec-method", "dspark", "--spec-tokens", str(SPEC_TOKENS), "--tensor-parallel-size", str(tp)]
     command += ["--enforce-eager"] if eager else []
     command += ["--max-model-len", "2048", "--max-num-seqs", str(BENCH["concurrency"])]
@@ -358,7 +372,8 @@ class Server:
         # relax, vLLM's default: DeepGEMM compiles its kernels for every M at start-up, not while serving
         env["VLLM_DEEP_GEMM_WARMUP"] = args.deep_gemm_warmup
         env[COUNTS_ENV] = str(self.counts)
-        self.command = [*prefix, *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager)]
+        real = getattr(args, "real", False)
+        self.command = [*prefix, *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager, real)]
         self.started = time.monotonic()
         self.log: Any = self.log_path.open("w")
         self.log.write(
@@ -521,7 +536,7 @@ def log_facts(text: str) -> dict:
 
 
 PROBE = r"""
-import hashlib, json, sys, urllib.request
+import hashlib, json, re, sys, urllib.request
 import openai
 port, out, prompts, max_tokens = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
@@ -530,14 +545,18 @@ reply = client.completions.create(model=model, prompt=prompts, max_tokens=max_to
                                   extra_body={"ignore_eos": True})
 texts = [c.text for c in sorted(reply.choices, key=lambda c: c.index)]
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-spec = {}
+spec, by_position = {}, {}
 for line in metrics.splitlines():
     name = line.split("{")[0].split(" ")[0]
     if name.startswith("vllm:spec_decode") and name.endswith("_total"):
         spec[name] = spec.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        position = re.search(r'position="(\d+)"', line)
+        if position:
+            by_position[position[1]] = by_position.get(position[1], 0.0) + float(line.rsplit(" ", 1)[1])
 json.dump({"model": model, "openai": openai.__version__, "completion_tokens": reply.usage.completion_tokens,
            "texts_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(),
-           "texts_head": [t[:160] for t in texts[:2]], "spec_decode_metrics": spec}, open(out, "w"), indent=2)
+           "texts_head": [t[:160] for t in texts[:2]], "spec_decode_metrics": spec,
+           "accepted_by_position": by_position}, open(out, "w"), indent=2)
 """
 
 
@@ -672,6 +691,9 @@ def run(args: argparse.Namespace) -> int:
         summary["setup_s"] = round(time.monotonic() - started, 1)
         summary["gpu"] = common.query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
     args.model_dir = model_dir
+    if args.real:  # the weights, once per machine, in unmodified vLLM's environment
+        ns = argparse.Namespace(model_dir=model_dir, config=args.config, spec_tokens=SPEC_TOKENS)
+        summary["checkpoint"] = e2e.write_checkpoint(ns, out)
     summary["cache_restored"] = e2e._restore_cache()
     save()
     counter = 0
@@ -1209,6 +1231,7 @@ def main() -> int:
         help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)",
     )
     on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
+    on_gpu.add_argument("--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy")
     on_gpu.set_defaults(func=run)
     drift = steps.add_parser("cpu-drift", help="the speed of two cores, window by window, side by side")
     drift.add_argument("--seconds", type=float, default=90.0)

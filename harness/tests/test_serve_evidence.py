@@ -187,13 +187,19 @@ def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
     envs = {arm: serve.arm_env(e2e, arm) for arm in serve.ARMS}
     for arm, (env, prefix) in envs.items():
         paths = env["PYTHONPATH"].split(":")
-        assert ("vllm-rev" in env["PYTHONPATH"]) == arm.startswith(("bug", "fixed")), arm
+        reverted = arm.startswith(("bug", "fixed")) or arm in ("remap-only", "no-remap")
+        assert ("vllm-rev" in env["PYTHONPATH"]) == reverted, arm
+        assert ("vllm-tol" in env["PYTHONPATH"]) == arm.startswith("tolerant"), arm
         assert not any(p.endswith("startup") for p in paths), arm  # only the launcher adds it, in the child
         assert (prefix == ["dspark-hotfix", "run", "--"]) == (arm in ("bug", "fixed-launcher", "shim-hma-off")), arm
-        assert any(p.endswith("shim-site") for p in paths) == (not arm.startswith("baseline")), arm
+        shim = not arm.startswith("baseline") and arm != "tolerant"
+        assert any(p.endswith("shim-site") for p in paths) == shim, arm
+        assert env.get("DSPARK_HOTFIX_PATCHES") == serve.PATCHES.get(arm), arm
     assert envs["bug"][0]["DSPARK_HOTFIX"] == "0"
     assert all("DSPARK_HOTFIX" not in env for arm, (env, _) in envs.items() if arm != "bug")
     assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(Path("m"), "shim-hma-off", 1, 1, 0.4)
+    assert "dummy" in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
+    assert "dummy" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4, real=True)  # the checkpoint's weights
     assert "--disable-hybrid-kv-cache-manager" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
     # tensor parallelism all-reduces through NCCL only: no NVLink multicast on a shared host
     assert "--disable-custom-all-reduce" in serve.serve_command(Path("m"), "baseline", 1, 2, 0.4)
