@@ -6,7 +6,9 @@ The patches, then vLLM build x hybrid KV cache manager on/off x what each patch 
 - docs/evidence/hybrid-off.json: vLLM's own code on the CPU, each build without and with the shim,
   the hybrid manager on and off (tests/real_vllm/test_hybrid_off.py records it);
 - docs/evidence/lines.json: the lines each process kind prints, per build (tests/real_vllm/test_lines.py);
-- docs/evidence/serve-h200.json: `vllm serve` on the H200, per arm (harness/serve_h200.py).
+- docs/evidence/serve-h200.json: `vllm serve` on the H200, per arm (harness/serve_h200.py);
+- docs/evidence/checkpoint-h200/: `vllm.LLM` on the H200 with a real checkpoint, per variant
+  (harness/e2e_h200.py --real).
 
 Where two records say what a patch did on one build, they must agree, or nothing is written.
 
@@ -124,6 +126,43 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
     return text, notes
 
 
+# The engine runs on the H200 with a real checkpoint (harness/checkpoint.py): variant -> (build, shim).
+WEIGHT_RUNS = {
+    "baseline": ("0.25.0", "none"),
+    "bug": (REVERTED, "off (`DSPARK_HOTFIX=0`)"),
+    "no-remap": (REVERTED, "on, `DSPARK_HOTFIX_PATCHES=-remap_dspark_name`"),
+    "fixed": (REVERTED, "on"),
+}
+
+
+def weight_rows() -> list[str]:
+    """One row per engine variant of docs/evidence/checkpoint-h200/: what its runs loaded, or why not,
+    and the acceptance of the runs that generated."""
+    found: dict[str, list[dict]] = {}
+    for path in sorted((EVIDENCE / "checkpoint-h200").glob("call*/[0-9][0-9]-*.json")):
+        run = json.loads(path.read_text())
+        found.setdefault(run["variant"], []).append(run)
+    rows = []
+    for variant, (build, shim) in WEIGHT_RUNS.items():
+        runs = found.get(variant, [])
+        loaded = sorted({r["draft_params_loaded"] for r in runs if r.get("draft_params_loaded")})
+        errors = sorted({r["root_cause"] for r in runs if r.get("root_cause")})
+        load = f"{'/'.join(map(str, loaded))} draft parameters" if loaded else "; ".join(f"`{e}`" for e in errors)
+        accepted = []
+        for run in runs:
+            spec = run.get("spec_metrics_total") or {}
+            if spec.get("vllm:spec_decode_num_drafts"):
+                drafts, by_position = (
+                    spec["vllm:spec_decode_num_drafts"],
+                    spec["vllm:spec_decode_num_accepted_tokens_per_pos"],
+                )
+                accepted.append(", ".join(f"{a / drafts:.2f}" for a in by_position))
+        rows.append(
+            f"| {build} | {shim} | {len(runs)} | {load or 'not run'} | {'; '.join(accepted) or 'not measured'} |"
+        )
+    return rows
+
+
 def render() -> str:
     hybrid = json.loads((EVIDENCE / "hybrid-off.json").read_text())["versions"]
     lines = json.loads((EVIDENCE / "lines.json").read_text())
@@ -184,6 +223,15 @@ def render() -> str:
     ]
     out += [f"{n}. {note}" for n, note in enumerate(notes, 1)]
     out += [
+        "",
+        "## A real weight load, H200",
+        "",
+        "`vllm.LLM` with a real checkpoint for the e2e model (harness/checkpoint.py: the draft predicts what the",
+        "target predicts only with its three layers where they belong), greedy (docs/evidence/checkpoint-h200.md).",
+        "",
+        "| vLLM build | shim | runs | draft load | accepted / drafted, by position |",
+        "|---|---|---|---|---|",
+        *weight_rows(),
         "",
         "## What each patch does, per build",
         "",
