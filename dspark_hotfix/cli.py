@@ -16,7 +16,8 @@ EPILOG = """\
 environment:
   DSPARK_HOTFIX          1/true/on/yes, blank or unset: on; 0/false/off/no: off;
                          anything else: off, with one warning (the shim is OFF)
-  DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these)
+  DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these);
+                         anything else: one warning saying what it selects
   DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied stops vLLM
 
 """ + state.EXIT_CODES

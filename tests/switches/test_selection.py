@@ -125,3 +125,19 @@ def test_thousands_of_unknown_names_give_one_short_warning():
     assert problem.startswith("DSPARK_HOTFIX_PATCHES='name0,name1,") and "... (" in problem
     assert f": 2001 unknown or empty names ignored; it selects {', '.join(NAMES)} (known: " in problem
     assert len(problem) < 300
+
+
+def test_the_readme_and_help_say_what_a_malformed_selection_does_in_the_warnings_words(capsys):
+    from dspark_hotfix.cli import main
+    from tests.conftest import REPO
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert ("An unknown or empty patch name is ignored, and names mixed with `-names` select the names less those; "
+            "either way one warning says what the value selects.") in readme
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "-name,-name (all but these); anything else: one warning saying what it selects" in help_text
+    for raw in (",", "-", f"{NAMES[0]},-{NAMES[1]}", "nonesuch"):  # each says what it selects, in those words
+        _, warning = config.parse_selection(raw, NAMES)
+        assert warning is not None and "; it selects " in warning, raw
