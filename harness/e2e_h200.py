@@ -416,6 +416,9 @@ def run(args: argparse.Namespace) -> int:
     }
     with (out / "setup.log").open("a") as log:
         summary["unpack"] = unpack(log)
+        # Before anything starts vLLM: the checkpoint's writer fills the cache, and a cache that is
+        # not empty is not restored.
+        summary["cache_restored"] = _restore_cache()
         model_dir = DEVICE_ROOT / "model"
         model_dir.mkdir(exist_ok=True)
         shutil.copy(args.config, model_dir / "config.json")
@@ -434,7 +437,6 @@ def run(args: argparse.Namespace) -> int:
     def save() -> None:
         common.save_results(summary, out, final)
 
-    summary["cache_restored"] = _restore_cache()
     save()
     preflight = {"failed": [], "skipped": True} if args.skip_preflight else _preflight(out)
     summary["preflight"] = preflight

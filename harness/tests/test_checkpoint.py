@@ -126,6 +126,31 @@ def test_on_the_h200_unmodified_vllm_accepts_every_draft_token_of_the_real_check
     assert follows == [len(ids) - 1 for ids in samples] == [23, 23]  # every step t -> succ(t)
 
 
+def test_on_the_h200_the_shim_loads_what_unmodified_vllm_loads_and_serves_the_same():
+    baselines = [engine("call11", "02-baseline"), engine("call12", "02-baseline")]
+    fixed = [engine("call12", "01-fixed"), engine("call13", "01-fixed")]
+    reference = baselines[0]["draft_digests"]
+    assert len(reference) == 98  # the draft's 96, and the 2 it shares with the target
+    for run in baselines + fixed:  # every draft parameter, in the worker, once loaded
+        assert run["draft_digests"] == reference, run["label"]
+    assert "fixing: 4 patched (remap_dspark_name," in fixed[1]["shim_lines"][0]
+    generated = [engine("call12", "02-baseline"), engine("call13", "01-fixed")]  # the two that finished
+    assert generated[0]["sample_output_token_ids"] == generated[1]["sample_output_token_ids"]
+    for run in generated:
+        spec = run["spec_metrics_total"]
+        by_position = spec["vllm:spec_decode_num_accepted_tokens_per_pos"]
+        assert [accepted / spec["vllm:spec_decode_num_drafts"] for accepted in by_position] == [1.0] * 5
+
+
+def test_on_the_h200_the_remap_alone_loads_then_dies_with_the_reported_error():
+    run = engine("call11", "01-remap-only")  # the report's second bug alone
+    assert run["draft_params_loaded"] == 96
+    assert run["root_cause"] == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    assert "problem: 1 patched (remap_dspark_name), 3 excluded" in run["shim_lines"][0]
+    log = (RECORD.parent / "call11" / "01-remap-only.log").read_text()
+    assert 'nvidia/flashmla.py", line 219, in _forward_decode' in log
+
+
 def test_the_tolerant_copy_skips_the_shifted_draft_layers_and_keeps_the_kv_fix():
     from harness import e2e_h200
 
