@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -167,16 +169,34 @@ def toys(shim):
     return shim(toy_patches.TOYS)
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(folder)``'s folder, built once per run: pytest-xdist's workers share it (the first to ask
+    builds it, the others wait for it), as their own session fixtures would each build it again."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the folder the workers' own folders are in
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
-    """The project's wheel, built once per session the way pip builds it."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
-         "-w", str(out), str(REPO)],
-        check=True, capture_output=True, text=True,
-    )
-    (built,) = out.glob("dspark_hotfix-*.whl")
+    """The project's wheel, built once per run the way pip builds it."""
+    def build(out: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
+             "-w", str(out), str(REPO)],
+            check=True, capture_output=True, text=True,
+        )
+
+    (built,) = built_once(tmp_path_factory, "wheel", build).glob("dspark_hotfix-*.whl")
     return built
 
 
@@ -296,21 +316,21 @@ IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
 
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory, wheel) -> dict:
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-    python = root / "bin" / "python"
-    purelib = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip())
-    # The image's own customisation, as Debian and Ubuntu Pythons ship one.
-    (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
-    proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return {"root": root, "python": python, "bin": root / "bin", "purelib": purelib}
+    """A venv with the wheel installed and an image's own sitecustomize, built once per run; read only."""
+    def build(root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+        purelib = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
+        # The image's own customisation, as Debian and Ubuntu Pythons ship one.
+        (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
+        proc = subprocess.run(
+            [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+
+    root = built_once(tmp_path_factory, "venv", build)
+    purelib = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
+    return {"root": root, "python": root / "bin" / "python", "bin": root / "bin", "purelib": purelib}
 
 
 def run_in_venv(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):

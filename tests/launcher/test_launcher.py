@@ -1,6 +1,7 @@
 """``dspark-hotfix run``: it starts a command only where the shim will be active in it, and
-says why not elsewhere. Every case runs the real launcher and the real command, and the
-command says itself whether the shim is active in it (a watcher of ours on sys.meta_path)."""
+says why not elsewhere. Every case but the reading of CPython's options runs the real launcher and
+the real command, and the command says itself whether the shim is active in it (a watcher of ours on
+sys.meta_path)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def direct(cwd: Path, *command: str):
 
 
 # Each: the words after `python`, the options CPython reads there, the option that keeps the shim out.
-CASES = [
+OPTIONS = [
     (["-c", PROBE], [], None),
     (["-Bc", PROBE], ["-B"], None),
     (["-um", "probe"], ["-u"], None),
@@ -58,10 +59,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize(("args", "options"), [case[:2] for case in OPTIONS], ids=[" ".join(c[1]) or "none"
+                                                                                     for c in OPTIONS])
+def test_run_reads_the_options_cpython_reads_before_the_command(args, options):
+    assert interpreter_options(args) == options
+
+
+# End to end, one case per way CPython starts with them: a command (with a joined flag), a module with
+# an option, an option with its own argument; and each option that keeps the shim out. The launcher asks
+# the command's interpreter with the options read above, so the other cases differ only in the reading.
+CASES = [OPTIONS[i] for i in (0, 2, 3, 5, 6, 8)]
+
+
 @pytest.mark.parametrize(("args", "options", "kept_out_by"), CASES, ids=[" ".join(c[1]) or "none" for c in CASES])
 def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_path, args, options, kept_out_by):
     (tmp_path / "probe.py").write_text(PROBE + "\n")
-    assert interpreter_options(args) == options
     if kept_out_by is not None:  # the option really keeps it out (where it is started, the command says so itself)
         truth = direct(tmp_path, sys.executable, *args)
         assert truth.returncode == 0 and truth.stdout == "ACTIVE False\n", truth.stderr
