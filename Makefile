@@ -28,7 +28,7 @@ unit: $(VENV)/.ready  ## the fast tiers only, in parallel
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
 
 slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix)
-	$(PY) -m pytest -m "$(SLOW)"
+	$(PY) -m pytest -n 2 --dist loadfile -m "$(SLOW)"
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm

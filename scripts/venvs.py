@@ -8,10 +8,13 @@ A venv counts as ready only once its stamp file names exactly what was asked.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # 0.25.0: the first release with the fix, same torch (2.11) as the reported
@@ -34,8 +37,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix"))
 
 
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """One process at a time for ``<cache>/<name>`` (pytest-xdist's workers ask for the same ones)."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_venv(version: str) -> tuple[Path, float]:
     """The venv's python for ``vllm==version``, and the seconds spent installing."""
+    with locked(f"venv-vllm-{version}"):
+        return _ensure_venv(version)
+
+
+def _ensure_venv(version: str) -> tuple[Path, float]:
     venv = cache_dir() / f"venv-vllm-{version}"
     python = venv / "bin" / "python"
     stamp = venv / ".dspark-hotfix-ready"

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import pytest
 
-from scripts.venvs import cache_dir
+from scripts.venvs import cache_dir, locked
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -28,6 +28,11 @@ def unavailable(reason: str) -> NoReturn:
 
 def pip_target(name: str, wanted: str) -> Path:
     """``wanted`` (requirements, space-separated) in ``<cache>/<name>``; this tier skips (fails in CI) without PyPI."""
+    with locked(name):
+        return _pip_target(name, wanted)
+
+
+def _pip_target(name: str, wanted: str) -> Path:
     target = cache_dir() / name
     stamp = target / ".dspark-hotfix-ready"
     if stamp.exists() and stamp.read_text() == wanted:

@@ -10,14 +10,17 @@ hypothesis, which a vLLM venv may lack.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import pickle
 import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +82,36 @@ def inside_pytest(python: Path, checks: tuple[str, ...], env: dict[str, str], tm
     }
 
 
+def once_per_run(run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``functools.cache``, shared by pytest-xdist's workers: the first to ask runs it, the others wait
+    and read its result (a pickle in a folder of this test run's own)."""
+    @functools.cache
+    @functools.wraps(run)
+    def shared(*args: str) -> dict[str, Any]:
+        run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if not run_id:
+            return run(*args)
+        folder = Path(tempfile.gettempdir()) / f"dspark-hotfix-runs-{run_id}"
+        folder.mkdir(exist_ok=True)
+        key = hashlib.sha256(json.dumps([run.__name__, *args]).encode()).hexdigest()[:16]
+        with open(folder / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = folder / f"{key}.pickle"
+            if done.is_file():
+                return pickle.loads(done.read_bytes())
+            result = run(*args)
+            done.write_bytes(pickle.dumps(result))
+            return result
+
+    return shared
+
+
 def scratch(name: str) -> Path:
     """A directory of this run's own for what the inside checks write."""
     return Path(tempfile.mkdtemp(prefix=f"dspark-hotfix-{name}-"))
 
 
-@functools.cache
+@once_per_run
 def released(version: str) -> dict[str, Any]:
     """inside/check_real_vllm.py and check_layout.py on ``vllm==version``, the shim activated through
     ``PYTHONPATH``; its ``answers`` hold each patch's status row, its ``views`` the V2 runner's views of the
@@ -98,7 +125,7 @@ def released(version: str) -> dict[str, Any]:
     return dict(run, views=views, report=f"vllm=={version} (installed in {seconds:.0f} s)\n{run['report']}")
 
 
-@functools.cache
+@once_per_run
 def reverted() -> dict[str, Any]:
     """inside/check_reverted.py on 0.25.0 with every patch's REVERT applied; its ``answers`` hold vLLM's
     answers without the shim and with it (``runner_answers.py``) and the correction counts of one more
@@ -113,7 +140,7 @@ def reverted() -> dict[str, Any]:
                                             f"(installed in {seconds:.0f} s)\n{run['report']}")
 
 
-@functools.cache
+@once_per_run
 def hybrid_off(build: str, arm: str) -> dict[str, Any]:
     """inside/hybrid_off.py on ``build`` (a release or ``REVERTED``), ``arm`` ``without_shim``
     (``DSPARK_HOTFIX=0``) or ``with_shim`` (the repository on ``PYTHONPATH``): vLLM's KV-cache grouping of
