@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import inspect
 import io
 import json
 import os
@@ -11,12 +12,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import dspark_hotfix
 import dspark_hotfix.patches
+from tests import child as child_code
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -64,11 +67,9 @@ def last_json(stdout: str) -> object:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-# Prints status() as {patch name: its row}, each row with the process's activated_by and pid.
-STATUS = (
-    "import json, dspark_hotfix; _s = dspark_hotfix.status(); print(json.dumps({r['name']: "
-    "dict(r, activated_by=_s['activated_by'], pid=_s['pid']) for r in _s['patches']}))\n"
-)
+# A child's last line: prints status() as {patch name: its row}, each row with the process's activated_by and
+# pid (tests.child.print_status's own source, for a child that cannot import tests).
+STATUS = "import json\n" + inspect.getsource(child_code.print_status) + "print_status()\n"
 
 
 @pytest.fixture
@@ -206,29 +207,11 @@ def wheel(tmp_path_factory) -> Path:
 # VllmImportWatcher on sys.meta_path at interpreter start). Needs `import sys`.
 WATCHING = "any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)"
 
-WRAP_DEPTH = """
-import json as _json, sys as _sys, types as _types
-from dspark_hotfix.patches import ALL as _ALL
-
-def _depth(f):
-    if f is None:
-        return None
-    n = 0
-    while hasattr(f, '__wrapped__'):
-        f, n = f.__wrapped__, n + 1
-    return n if type(f) is _types.FunctionType else -1
-
-def _target(p):
-    *owners, name = p.qualname.split('.')
-    owner = _sys.modules[p.module]
-    for part in owners:
-        owner = getattr(owner, part)
-    return vars(owner).get(name)
-
-print(_json.dumps({p.name: _depth(_target(p)) for p in _ALL if p.module in _sys.modules}))
-"""
+WRAP_DEPTH = ("import json, sys, types\nfrom typing import Any\n" + inspect.getsource(child_code.wrap_depths)
+              + "print(json.dumps(wrap_depths()))\n")
 """Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain function in its class's
-(or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one."""
+(or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one
+(tests.child.wrap_depths's own source)."""
 
 
 STATE_LINE = re.compile(r"dspark_hotfix \S+ \(pid \d+\) via ")  # a state line, without level and timestamp
@@ -349,6 +332,20 @@ def startup_dir(venv: dict) -> Path:
 
 
 CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
+
+
+def call_in_child(function: Callable[..., None], *args: object, stand_in_alone: bool = False,
+                  timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """``function(*args)`` (``args`` as JSON) in a fresh interpreter, as :func:`child` starts one: the
+    repository first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone
+    (no start-up hook; the repository goes last, so the shim is imported only where the child asks). The
+    function's module must import only the standard library at its top."""
+    code = (f"import json, sys; from {function.__module__} import {function.__name__} as f; "
+            "f(*json.loads(sys.argv[1]))")
+    if stand_in_alone:
+        code = f"import sys; sys.path.append({str(REPO)!r}); " + code
+    return child(args=("-c", code, json.dumps(args)), path=(STANDIN,) if stand_in_alone else (REPO, STANDIN),
+                 timeout=timeout)
 
 
 def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
