@@ -335,7 +335,8 @@ CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
 
 
 def call_in_child(function: Callable[..., None], *args: object, stand_in_alone: bool = False,
-                  timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
+                  env: dict[str, str] | None = None, timeout: float = CHILD_TIMEOUT,
+                  ) -> subprocess.CompletedProcess[str]:
     """``function(*args)`` (``args`` as JSON) in a fresh interpreter, as :func:`child` starts one: the
     repository first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone
     (no start-up hook; the repository goes last, so the shim is imported only where the child asks). The
@@ -345,7 +346,7 @@ def call_in_child(function: Callable[..., None], *args: object, stand_in_alone: 
     if stand_in_alone:
         code = f"import sys; sys.path.append({str(REPO)!r}); " + code
     return child(args=("-c", code, json.dumps(args)), path=(STANDIN,) if stand_in_alone else (REPO, STANDIN),
-                 timeout=timeout)
+                 env=env, timeout=timeout)
 
 
 def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
