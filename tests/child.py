@@ -48,6 +48,21 @@ def print_status() -> None:
     print(json.dumps(rows))
 
 
+def states() -> dict[str, str]:
+    """Each patch's state in status()."""
+    import dspark_hotfix
+
+    return {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}
+
+
+def start_and_join(threads: list[threading.Thread]) -> None:
+    """Start every thread, then wait for each."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def wrap_depths() -> dict[str, int | None]:
     """Per patch whose module is imported, the wrappers on vLLM's plain function (``WRAP_DEPTH``)."""
     from dspark_hotfix.patches import ALL
@@ -98,4 +113,24 @@ def slow_import(module: str, thread: str, pause: float = 0.5) -> threading.Event
             return spec
 
     sys.meta_path.insert(0, SlowImport())
+    return inside
+
+
+def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0) -> threading.Event:
+    """The child's wrapt raises KeyboardInterrupt at its ``at``-th hook registration, once (in the main
+    thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there. The Event
+    returned is set just before."""
+    import wrapt
+
+    register, calls, inside = wrapt.register_post_import_hook, [], threading.Event()
+
+    def interrupted(hook: Any, name: str) -> Any:
+        calls.append(name)
+        if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
+            inside.set()
+            time.sleep(pause)
+            raise KeyboardInterrupt
+        return register(hook, name)
+
+    wrapt.register_post_import_hook = interrupted
     return inside

@@ -14,36 +14,16 @@ import json
 import os
 import sys
 import threading
-import time
 from typing import Any
 
-from tests.child import import_toy_targets, print_status, use_toys, wrap_depths
-
-
-def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0) -> threading.Event:
-    """The child's wrapt raises KeyboardInterrupt at its ``at``-th hook registration, once (in the main
-    thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there. The Event
-    returned is set just before."""
-    import wrapt
-
-    register, calls, inside = wrapt.register_post_import_hook, [], threading.Event()
-
-    def interrupted(hook: Any, name: str) -> Any:
-        calls.append(name)
-        if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
-            inside.set()
-            time.sleep(pause)
-            raise KeyboardInterrupt
-        return register(hook, name)
-
-    wrapt.register_post_import_hook = interrupted
-    return inside
-
-
-def states() -> dict[str, str]:
-    import dspark_hotfix
-
-    return {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}
+from tests.child import (
+    import_toy_targets,
+    interrupt_registration,
+    print_status,
+    states,
+    use_toys,
+    wrap_depths,
+)
 
 
 def plugin_interrupted(at: int) -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from tests.child import use_toys, wrap_depths
+from tests.child import start_and_join, states, use_toys, wrap_depths
 
 THREADS = 16
 
@@ -47,17 +47,11 @@ def sixteen_threads(targets: list[str], shim: bool) -> None:
         except BaseException as exc:
             errors.append(repr(exc))
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    start_and_join([threading.Thread(target=worker, args=(k,)) for k in range(THREADS)])
     print(json.dumps(errors))
     print(json.dumps(wrap_depths()))
     if shim:
-        import dspark_hotfix
-
-        print(json.dumps({r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}))
+        print(json.dumps(states()))
 
 
 def greet_in_a_pool_worker(_: int) -> list[Any]:

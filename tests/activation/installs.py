@@ -1,0 +1,110 @@
+"""The children of test_registry.py, as real Python: each function is one child process's whole run,
+started in a fresh interpreter by ``tests.conftest.call_in_child``. Standard library (and ``tests.child``)
+only at the top.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from tests.child import (
+    import_toy_targets,
+    interrupt_registration,
+    print_status,
+    start_and_join,
+    states,
+    use_toys,
+    wrap_depths,
+)
+
+
+def two_installs_at_once() -> None:
+    """vLLM's plugin loader and an application's own call install at once, after vLLM is imported (no
+    start-up hook), each hook registration slowed down; prints what each caller returns to, then the
+    wrap depths."""
+    import_toy_targets()
+    use_toys()
+    import wrapt
+
+    register = wrapt.register_post_import_hook
+
+    def slow(hook: Any, name: str) -> Any:  # widen the window between the first hook and the last
+        time.sleep(0.05)
+        return register(hook, name)
+
+    wrapt.register_post_import_hook = slow
+    import dspark_hotfix
+
+    barrier = threading.Barrier(2)
+    seen = {}
+
+    def install(source: str) -> None:
+        barrier.wait()
+        dspark_hotfix.install(source=source)
+        seen[source] = states()  # what it returns to
+
+    start_and_join([threading.Thread(target=install, args=(s,)) for s in ("vllm-plugin", "api")])
+    print(json.dumps(seen))
+    print(json.dumps(wrap_depths()))
+
+
+def status_after_a_function_is_put_back() -> None:
+    """Somebody else puts the toy build's function back; status() twice, and each patch's state."""
+    use_toys()
+    import_toy_targets()
+    from vllm.toy_model import Greeter
+
+    import dspark_hotfix
+
+    Greeter.greet = Greeter.greet.__wrapped__  # somebody else puts the toy build's function back
+    first = dspark_hotfix.status()
+    print(json.dumps([first == dspark_hotfix.status(), {r["name"]: r["state"] for r in first["patches"]}]))
+
+
+def install_after_vllm() -> None:
+    """A late install(): vLLM's targets imported first, no start-up hook."""
+    import_toy_targets()
+    use_toys()
+    import dspark_hotfix
+
+    dspark_hotfix.install()
+    print(json.dumps(wrap_depths()))
+    print_status()
+
+
+def install_three_times() -> None:
+    """install() three times, as vLLM's plugin loader, in a process the start-up hook activated."""
+    use_toys()
+    import_toy_targets()
+    import dspark_hotfix
+
+    for _ in range(3):
+        dspark_hotfix.install(source="vllm-plugin")
+    print(json.dumps(wrap_depths()))
+    print_status()
+
+
+def activation_interrupted_then_retried(install: bool) -> None:
+    """Ctrl-C lands while the start-up hook's activation registers its third hook; then the import is
+    retried (and, with ``install``, install() called)."""
+    use_toys()
+    import wrapt
+
+    real = wrapt.register_post_import_hook
+    interrupt_registration(3)
+    try:
+        import vllm
+    except KeyboardInterrupt:
+        print("interrupted")
+    wrapt.register_post_import_hook = real
+    import vllm  # noqa: F401
+
+    if install:
+        import dspark_hotfix
+
+        dspark_hotfix.install()
+    import_toy_targets()
+    print_status()
