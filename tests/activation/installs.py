@@ -23,15 +23,16 @@ from tests.child import (
 
 def two_installs_at_once() -> None:
     """vLLM's plugin loader and an application's own call install at once, after vLLM is imported (no
-    start-up hook), each hook registration slowed down; prints what each caller returns to, then the
-    wrap depths."""
+    start-up hook), each hook registration slowed down; prints what each caller returns to, the wrap
+    depths, and the modules a hook was registered for (one entry per registration)."""
     import_toy_targets()
     use_toys()
     import wrapt
 
-    register = wrapt.register_post_import_hook
+    register, registered = wrapt.register_post_import_hook, []
 
     def slow(hook: Any, name: str) -> Any:  # widen the window between the first hook and the last
+        registered.append(name)
         time.sleep(0.05)
         return register(hook, name)
 
@@ -49,6 +50,7 @@ def two_installs_at_once() -> None:
     start_and_join([threading.Thread(target=install, args=(s,)) for s in ("vllm-plugin", "api")])
     print(json.dumps(seen))
     print(json.dumps(wrap_depths()))
+    print(json.dumps(sorted(registered)))
 
 
 def status_after_a_function_is_put_back() -> None:

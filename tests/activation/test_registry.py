@@ -12,17 +12,19 @@ import pytest
 from tests.activation import installs
 from tests.activation.children import JUDGED, JUDGED_LINE, WRAPPED
 from tests.conftest import REPO, STANDIN, call_in_child, json_lines, last_json, run_python, state_of, summary_lines
-from tests.toys import GREETING, IMPORT, USE
+from tests.toys import GREETING, IMPORT, TOYS, USE
 
 
 def test_a_second_activation_waits_for_the_first():
     proc = call_in_child(installs.two_installs_at_once, stand_in_alone=True)
     assert proc.returncode == 0, proc.stderr
-    seen, depth = json_lines(proc.stdout)
+    seen, depth, registered = json_lines(proc.stdout)
     # Neither caller returns before every hook is registered and decided: no caller uses vLLM unpatched.
     assert seen == {"vllm-plugin": JUDGED, "api": JUDGED}
     assert len(summary_lines(proc.stderr)) == 1
     assert depth == WRAPPED  # each wrapped once
+    # The second caller waits for the first one's registration instead of registering every hook again.
+    assert registered == sorted([p.module for p in TOYS] + ["prometheus_client"]), registered
 
 
 def test_no_patch_imports_the_registry():
