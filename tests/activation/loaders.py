@@ -184,3 +184,13 @@ def wrapt_hook_on_vllm_registered_before_the_import() -> None:
 
     print(fired)
     then_status()
+
+
+def loaders_of_vllm_modules_after_activation() -> None:
+    """The loader the finders give vLLM's modules: the package (the first import, which activates), then a
+    module imported once the activation is whole."""
+    use_toys()
+    print(type(importlib.util.find_spec("vllm").loader).__name__)  # type: ignore[union-attr]
+    import vllm  # noqa: F401
+
+    print(type(importlib.util.find_spec("vllm.envs").loader).__name__)  # type: ignore[union-attr]

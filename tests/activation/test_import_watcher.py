@@ -87,3 +87,10 @@ def test_a_wrapt_post_import_hook_on_vllm_registered_before_the_import_fires_and
     proc = run(loaders.wrapt_hook_on_vllm_registered_before_the_import)
     assert proc.stdout.splitlines()[0] == "['SourceFileLoader']", proc.stderr
     assert states(proc.stdout) == JUDGED, proc.stderr
+
+
+def test_once_the_activation_is_whole_the_watcher_hands_vllms_modules_their_own_loaders():
+    # The watcher steps aside after the first import that activates: every later module of vLLM is found
+    # and loaded as if the shim were not there (no proxy, no activation to ask on each import).
+    proc = run(loaders.loaders_of_vllm_modules_after_activation)
+    assert proc.stdout.split() == ["ActivatingLoader", "SourceFileLoader"], proc.stderr
