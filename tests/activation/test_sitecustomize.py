@@ -141,8 +141,11 @@ def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
     # The child's USE imports the package before vLLM does, from the first copy on the path (the working
     # directory is neither), as the start-up hook would at vLLM's import.
-    code = USE + IMPORT + WRAP_DEPTH + STATUS + "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
+    watchers = "import sys; print(sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))\n"
+    package = "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
+    code = watchers + USE + IMPORT + WRAP_DEPTH + STATUS + package
     proc = run_python(code, path=(*shims, STANDIN), cwd=tmp_path)
+    assert proc.stdout.splitlines()[0] == "1"  # the second copy's start-up found the first one's watcher
     depth, rows = json_lines(proc.stdout)
     package = json.loads(proc.stdout.splitlines()[-1])
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED

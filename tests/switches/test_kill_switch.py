@@ -110,6 +110,14 @@ def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
                                       for line in lines), lines
 
 
+def test_a_value_not_understood_is_said_at_interpreter_start_where_nothing_else_reads_the_switch():
+    # A process that never imports vLLM nor the shim: the start-up hook says it, once.
+    proc = child("pass", env={"DSPARK_HOTFIX": "maybe"})
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "DSPARK_HOTFIX='maybe'" in line and line.endswith(": the shim is OFF"), line
+
+
 def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_warnings_words(capsys):
     from dspark_hotfix.cli import main
 
