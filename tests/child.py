@@ -116,10 +116,11 @@ def slow_import(module: str, thread: str, pause: float = 0.5) -> threading.Event
     return inside
 
 
-def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0) -> threading.Event:
-    """The child's wrapt raises KeyboardInterrupt at its ``at``-th hook registration, once (in the main
-    thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there. The Event
-    returned is set just before."""
+def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0,
+                           error: type[BaseException] = KeyboardInterrupt) -> threading.Event:
+    """The child's wrapt raises KeyboardInterrupt (or ``error``) at its ``at``-th hook registration, once (in
+    the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there. The
+    Event returned is set just before."""
     import wrapt
 
     register, calls, inside = wrapt.register_post_import_hook, [], threading.Event()
@@ -129,7 +130,7 @@ def interrupt_registration(at: int, main_thread_only: bool = False, pause: float
         if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
             inside.set()
             time.sleep(pause)
-            raise KeyboardInterrupt
+            raise error
         return register(hook, name)
 
     wrapt.register_post_import_hook = interrupted

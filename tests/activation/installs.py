@@ -110,3 +110,16 @@ def activation_interrupted_then_retried(install: bool) -> None:
         dspark_hotfix.install()
     import_toy_targets()
     print_status()
+
+
+def wrapt_failing_after_a_hook_fired() -> None:
+    """vLLM's targets imported first, then install(): the first hook fires as it is registered (the
+    greeting is decided), and wrapt fails at the second registration."""
+    import_toy_targets()
+    use_toys()
+    interrupt_registration(2, error=RuntimeError)
+    import dspark_hotfix
+
+    dspark_hotfix.install()
+    print(json.dumps(wrap_depths()))
+    print_status()

@@ -12,7 +12,7 @@ import pytest
 from tests.activation import installs
 from tests.activation.children import JUDGED, JUDGED_LINE, WRAPPED
 from tests.conftest import REPO, STANDIN, call_in_child, json_lines, last_json, run_python, state_of, summary_lines
-from tests.toys import GREETING, IMPORT, TOYS, USE
+from tests.toys import GREETING, IMPORT, PLANNER, TOYS, USE
 
 
 def test_a_second_activation_waits_for_the_first():
@@ -100,3 +100,14 @@ def test_an_interrupt_during_activation_leaves_none_and_the_retry_activates_whol
     rows = last_json(proc.stdout)
     assert {name: row["state"] for name, row in rows.items()} == JUDGED  # type: ignore[union-attr]
     assert [state_of(line) for line in summary_lines(proc.stderr)] == [JUDGED_LINE]
+
+
+def test_wrapt_failing_part_way_leaves_a_decision_already_made_as_it_was():
+    # The first hook fired as it was registered: the greeting is patched, and stays so when wrapt fails at
+    # the next registration; the patches wrapt never hooked fail, and the line says so.
+    proc = call_in_child(installs.wrapt_failing_after_a_hook_fired, stand_in_alone=True)
+    assert proc.returncode == 0, proc.stderr
+    depth, rows = json_lines(proc.stdout)[-2:]
+    assert depth == {**WRAPPED, PLANNER.name: 0}  # the planner's function as shipped
+    assert {n: r["state"] for n, r in rows.items()} == {**{n: "failed" for n in JUDGED}, GREETING.name: "patched"}
+    assert "wrapt is not usable (RuntimeError" in proc.stderr
