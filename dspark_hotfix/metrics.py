@@ -67,7 +67,7 @@ def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[An
         module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
                      "state", ["patch", "state"], multiprocess_mode=mode, registry=None),
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
-                     "process: 1 yes, 0 no, -1 not judged", ["patch"], multiprocess_mode=mode, registry=None),
+                     "process: 1 yes, 0 no, -1 could not be judged", ["patch"], multiprocess_mode=mode, registry=None),
     )
     for collector in (_AtScrape(source, records), *gauges):  # first: a scrape publishes before it reads the gauges
         module.REGISTRY.register(collector)
