@@ -150,3 +150,19 @@ def test_every_process_kind_gives_the_same_verdict(toys, monkeypatch, tmp_path, 
         build(tmp_path, monkeypatch, fixed())
     activate(modules=KINDS[kind])
     assert [state_of(line) for line in toys.summaries()][-1:] == [REMOVABLE if build_ == "fixed" else FIXING]
+
+
+def test_the_shims_lines_never_reach_the_root_logger():
+    # An application's logging.basicConfig puts a handler on the root logger: were the shim's lines to
+    # propagate there, every one would be printed twice.
+    from dspark_hotfix import state
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(handler)
+    try:
+        state.log(logging.WARNING, "a line of the shim's")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert seen == []

@@ -56,3 +56,18 @@ def test_doctor_and_status_exit_3_where_vllm_needs_nothing(toys, monkeypatch, ca
     assert out["verdict"] == "removable" and out["schema"] == 2
     assert {p["state"] for p in out["patches"]} == {"not_needed"}
     assert set(out["patches"][0]) == {"name", "target", "state", "needed", "calls", "corrections", "detail"}
+
+
+def test_a_tool_whose_wrapper_raises_on_look_up_over_a_patched_target_is_read_as_failed(toys):
+    # status() walks __wrapped__ down from vLLM's attribute to find the shim's wrapper; a proxy that raises on
+    # that look-up ends the walk: the target is no longer known to call the wrapper, and status() still answers.
+    activate()
+    from vllm.toy_model import Greeter
+
+    class Raising:
+        def __getattr__(self, name):
+            raise RuntimeError(f"no {name} here")
+
+    Greeter.greet = Raising()
+    assert toys.status()[GREETING.name]["state"] == "failed"
+    assert dspark_hotfix.status()["verdict"] == "problem"
