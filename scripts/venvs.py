@@ -38,17 +38,17 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def locked(name: str) -> Iterator[None]:
-    """One process at a time for ``<cache>/<name>`` (pytest-xdist's workers ask for the same ones)."""
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def locked(lock: Path) -> Iterator[None]:
+    """One process at a time holds the file ``lock`` (pytest-xdist's workers build the same things)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         yield
 
 
 def ensure_venv(version: str) -> tuple[Path, float]:
     """The venv's python for ``vllm==version``, and the seconds spent installing."""
-    with locked(f"venv-vllm-{version}"):
+    with locked(cache_dir() / f"venv-vllm-{version}.lock"):
         return _ensure_venv(version)
 
 

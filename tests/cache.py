@@ -28,7 +28,7 @@ def unavailable(reason: str) -> NoReturn:
 
 def pip_target(name: str, wanted: str) -> Path:
     """``wanted`` (requirements, space-separated) in ``<cache>/<name>``; this tier skips (fails in CI) without PyPI."""
-    with locked(name):
+    with locked(cache_dir() / f"{name}.lock"):
         return _pip_target(name, wanted)
 
 

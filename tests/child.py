@@ -85,9 +85,10 @@ def wrap_depths() -> dict[str, int | None]:
     return {p.name: depth(target(p)) for p in ALL if p.module in sys.modules}
 
 
-def slow_import(module: str, thread: str, pause: float = 0.5) -> threading.Event:
+def slow_import(module: str, thread: str, pause: float = 0.5, release: threading.Event | None = None,
+                ) -> threading.Event:
     """Slow the import of ``module`` in the thread named ``thread``: that thread holds the module's import
-    lock for ``pause`` seconds; the Event returned is set when it starts to."""
+    lock for ``pause`` seconds (or until ``release`` is set); the Event returned is set when it starts to."""
     inside = threading.Event()
 
     class SlowLoader:
@@ -100,7 +101,7 @@ def slow_import(module: str, thread: str, pause: float = 0.5) -> threading.Event
         def exec_module(self, module: Any) -> None:
             module.__loader__ = module.__spec__.loader = self.loader
             inside.set()
-            time.sleep(pause)
+            release.wait(30) if release else time.sleep(pause)
             self.loader.exec_module(module)
 
     class SlowImport:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import inspect
 import io
 import json
@@ -19,6 +18,7 @@ import pytest
 
 import dspark_hotfix
 import dspark_hotfix.patches
+from scripts.venvs import locked
 from tests import child as child_code
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,8 +177,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the folder the workers' own folders are in
     folder = root / name
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(root / f"{name}.lock"):
         if not (folder / ".built").exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()

@@ -9,10 +9,8 @@ The interrupts are made where they land by the child's own wrapt (its ``register
 
 from __future__ import annotations
 
-import importlib.machinery
 import json
 import os
-import sys
 import threading
 from typing import Any
 
@@ -20,6 +18,7 @@ from tests.child import (
     import_toy_targets,
     interrupt_registration,
     print_status,
+    slow_import,
     states,
     use_toys,
     wrap_depths,
@@ -100,30 +99,8 @@ def fork_while_a_thread_imports() -> None:
     """A thread of the parent is part-way through importing the planner's module when the parent forks;
     the child loads the plugin, as a forked worker does, and prints each patch's state and detail."""
     use_toys()
-    inside, release = threading.Event(), threading.Event()
-
-    class Held:  # holds the planner's import lock in the importing thread until released
-        def __init__(self, loader: Any) -> None:
-            self.loader = loader
-
-        def create_module(self, spec: Any) -> Any:
-            return self.loader.create_module(spec)
-
-        def exec_module(self, module: Any) -> None:
-            inside.set()
-            release.wait(30)
-            self.loader.exec_module(module)
-
-    class Finder:
-        def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-            if name != "vllm.toy_planner" or threading.current_thread().name != "importer":
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            assert spec is not None
-            spec.loader = Held(spec.loader)  # type: ignore[assignment]  # a proxy, as in the import watcher
-            return spec
-
-    sys.meta_path.insert(0, Finder())
+    release = threading.Event()  # the planner's import lock held in the importing thread until set
+    inside = slow_import("vllm.toy_planner", "importer", release=release)
     import vllm.toy_model  # noqa: F401
 
     import dspark_hotfix.registry  # the shim loaded, as in any vLLM process where its plugin is

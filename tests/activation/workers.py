@@ -63,10 +63,8 @@ def greet_in_a_pool_worker(_: int) -> list[Any]:
     import vllm.toy_planner  # noqa: F401
     from vllm.toy_model import Greeter
 
-    import dspark_hotfix
 
-    states = {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}
-    return [os.getpid(), wrap_depths(), states, Greeter().greet("ada")]
+    return [os.getpid(), wrap_depths(), states(), Greeter().greet("ada")]
 
 
 def pool_of_workers(method: str, parent_imports: bool) -> None:
@@ -86,9 +84,8 @@ def states_in_a_tensor_parallel_worker(_: int) -> tuple[int, list[str]]:
     use_toys()
     import vllm.toy_model  # noqa: F401
 
-    import dspark_hotfix
 
-    return os.getpid(), [r["state"] for r in dspark_hotfix.status()["patches"]]
+    return os.getpid(), list(states().values())
 
 
 def spawned_workers() -> None:

@@ -10,7 +10,6 @@ hypothesis, which a vLLM venv may lack.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -26,7 +25,7 @@ from typing import Any
 
 from dspark_hotfix.patches import ALL
 from scripts.venvs import VERSIONS as VERSIONS
-from scripts.venvs import cache_dir, ensure_venv
+from scripts.venvs import cache_dir, ensure_venv, locked
 from tests.conftest import REPO, clean_env
 from tests.patches import declared
 from tests.real_vllm import revert
@@ -92,10 +91,8 @@ def once_per_run(run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, 
         if not run_id:
             return run(*args)
         folder = Path(tempfile.gettempdir()) / f"dspark-hotfix-runs-{run_id}"
-        folder.mkdir(exist_ok=True)
         key = hashlib.sha256(json.dumps([run.__name__, *args]).encode()).hexdigest()[:16]
-        with open(folder / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(folder / f"{key}.lock"):
             done = folder / f"{key}.pickle"
             if done.is_file():
                 return pickle.loads(done.read_bytes())
