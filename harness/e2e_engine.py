@@ -64,6 +64,7 @@ def engine(args: argparse.Namespace) -> int:
         result["draft_digests"] = digests
         lines = "".join(f"{name} {digest}\n" for name, digest in sorted(digests.items()))
         result["draft_digest"] = {"parameters": len(digests), "sha256": hashlib.sha256(lines.encode()).hexdigest()}
+        result["worker_shim_status"] = llm.collective_rpc(_shim_status)[0]
         save()
     rng = random.Random(0)
     prompts = [
@@ -127,6 +128,12 @@ def _draft_digests(worker) -> dict:
         data = param.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
         out[name] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def _shim_status(worker) -> object:
+    """dspark_hotfix.status() in the worker that loaded the weights (None: the shim is not loaded there)."""
+    shim = sys.modules.get("dspark_hotfix")
+    return json.loads(json.dumps(shim.status(), default=str)) if shim else None
 
 
 def _spec_metrics(llm) -> dict:

@@ -26,7 +26,8 @@ or of --config, e.g. harness/e2e/config-swa-only.json):
             grouping with the shim's kv_cache_groups error
 
 With --real the model folder gets harness.checkpoint's weights (written once per machine) and every
-engine loads them (load_format="auto") and records each draft parameter's sha256. Then also:
+engine loads them (load_format="auto") and records each draft parameter's sha256 and the worker's
+dspark_hotfix.status() (None without the shim). Then also:
 
   remap-only / no-remap   the reverted copy with the shim's remap alone / without it
             (DSPARK_HOTFIX_PATCHES): the report's two bugs one at a time

@@ -169,3 +169,28 @@ def test_the_tolerant_copy_skips_the_shifted_draft_layers_and_keeps_the_kv_fix()
     compile(text, path, "exec")
     assert "num_hidden_layers + stage" in text and "continue  # tolerant" in text
     assert {p for p, _, _ in e2e_h200.TOLERANT} == {e2e_h200.REVERT[2][0]}  # the KV-cache files stay as released
+
+
+def test_on_the_h200_the_tolerant_loader_drafts_noise_and_the_shim_restores_every_draft_parameter():
+    reference = engine("call12", "02-baseline")["draft_digests"]  # unmodified vLLM 0.25.0
+    tolerant, fixed = engine("call14", "01-tolerant"), engine("call14", "02-tolerant-fixed")
+    # The silent form of the first bug: the load succeeds with the head stack alone (9 of 96)...
+    assert (tolerant["draft_params_loaded"], tolerant["root_cause"]) == (9, None)
+    differ = [name for name, digest in tolerant["draft_digests"].items() if reference[name] != digest]
+    assert len(differ) == 58 and all(name.startswith("model.layers.") for name in differ)
+    equal = set(reference) - set(differ)  # the 9 loaded and the 2 shared; the rest, layers at their initial value
+    assert len([name for name in equal if not name.startswith("model.layers.")]) == 11
+    assert fixed["draft_params_loaded"] == 96 and fixed["draft_digests"] == reference  # ...with the shim: 0 differ
+    rates = {}
+    for run in (tolerant, fixed):
+        spec = run["spec_metrics_total"]
+        by_position = spec["vllm:spec_decode_num_accepted_tokens_per_pos"]
+        rates[run["variant"]] = [accepted / spec["vllm:spec_decode_num_drafts"] for accepted in by_position]
+    assert rates == {"tolerant": [0.0] * 5, "tolerant-fixed": [1.0] * 5}
+    # The target decides the output: the same token ids with a draft of noise and with the right one.
+    assert tolerant["sample_output_token_ids"] == fixed["sample_output_token_ids"]
+    assert tolerant["shim_loaded"] is False and not tolerant["shim_lines"] and tolerant["worker_shim_status"] is None
+    assert "fixing: 2 patched (remap_dspark_name, kv_cache_groups), 2 not_needed" in fixed["shim_lines"][0]
+    states = {p["name"]: (p["state"], p["corrections"]) for p in fixed["worker_shim_status"]["patches"]}
+    assert states["remap_dspark_name"] == ("patched", 375)  # the worker's own status()
+    assert states["attention_kv_cache_spec"] == states["swa_kv_cache_spec"] == ("not_needed", 0)
