@@ -7,6 +7,8 @@ recipes run in a checkout of the project, installing it as written, the stand-in
 DeepSeek-V4 targets and prints what the shim did. A block that needs what this
 machine lacks starts with ``# needs: <what>, <where it is tested instead>``. A block that
 uninstalls the shim must leave the image without it; the wheel goes back for the blocks after it.
+The blocks run in the order a reader follows them, on one image (a later block uses what an earlier
+one installed): run this module whole, on one worker (``--dist loadfile``, as ``make unit`` does).
 
 Then the docs' consistency: each rule in one place, the words and codes as the code has them, the links
 that resolve, the size an operator reads, and the demo's story.
