@@ -174,6 +174,46 @@ def weight_rows() -> list[str]:
     return rows
 
 
+# harness/serve_h200.py's arms with the real checkpoint: arm -> (build, shim)
+WEIGHT_SERVERS = {
+    "baseline": ("0.25.0", "none"),
+    "fixed-plugin": (REVERTED, "on (plugin)"),
+    "tolerant": (TOLERANT, "none"),
+    "tolerant-plugin": (TOLERANT, "on (plugin)"),
+}
+
+
+def weight_server_rows() -> list[str]:
+    """One row per `vllm serve` arm of docs/evidence/checkpoint-h200/serve*/: whether it served the
+    texts unmodified 0.25.0 served (greedy), its acceptance by position, and the shim's states on
+    /metrics at ready."""
+    found: dict[str, list[dict]] = {}
+    for path in sorted((EVIDENCE / "checkpoint-h200").glob("serve*/summary.json")):
+        for server in json.loads(path.read_text())["servers"]:
+            found.setdefault(server["arm"], []).append(server)
+    texts = {s["probe"]["texts_sha256"] for s in found.get("baseline", []) if s.get("probe")}
+    rows = []
+    for arm, (build, shim) in WEIGHT_SERVERS.items():
+        runs = [s for s in found.get(arm, []) if s.get("probe")]
+        same = sorted({"yes" if s["probe"]["texts_sha256"] in texts else "no" for s in runs})
+        accepted = []
+        for run in runs:
+            drafts = run["probe"]["spec_decode_metrics"]["vllm:spec_decode_num_drafts_total"]
+            by_position = run["probe"]["accepted_by_position"]
+            accepted.append(", ".join(f"{by_position[str(k)] / drafts:.2f}" for k in sorted(map(int, by_position))))
+        states: dict[str, list[str]] = {}  # state -> its patches, from dspark_hotfix_patch_state's series at 1
+        for line in {line for run in runs for line in run["metrics"]["ready"] if line.endswith("} 1.0")}:
+            found_state = re.fullmatch(r'dspark_hotfix_patch_state\{patch="(\w+)",state="(\w+)"\} 1.0', line)
+            if found_state:
+                states.setdefault(found_state[2], []).append(found_state[1])
+        # as the shim's line says them: the patched ones named where some are not
+        named = {"patched"} if len(states) > 1 else set()
+        said = [f"{len(v)} {k}" + (f" ({', '.join(sorted(v))})" if k in named else "") for k, v in states.items()]
+        cells = [build, shim, "/".join(same) or "not run", "; ".join(accepted) or "not measured"]
+        rows.append(f"| {' | '.join(cells)} | {', '.join(sorted(said, reverse=True)) or 'no series'} |")
+    return rows
+
+
 def render() -> str:
     hybrid = json.loads((EVIDENCE / "hybrid-off.json").read_text())["versions"]
     lines = json.loads((EVIDENCE / "lines.json").read_text())
@@ -242,12 +282,18 @@ def render() -> str:
         "vLLM's loader counts the draft's own 96 parameters; the digests, taken in the worker once loaded, cover all",
         "98, the 2 the draft shares with the target included. `0.25.0 tolerant` is 0.25.0 with the shifted remap",
         "in a draft loader that skips names it does not have: the report's silent form, where the layers keep",
-        "their initial values (the 40 of 98 equal without the shim: the 9 loaded, the 2 shared, and 29 whose",
-        "checkpoint value is their initial one).",
+        "their initial values (those equal without the shim are the head stack it loads, the 2 shared, and the",
+        "layer parameters whose checkpoint value is their initial one).",
         "",
         "| vLLM build | shim | runs | draft load | parameters equal to 0.25.0's | accepted / drafted, by position |",
         "|---|---|---|---|---|---|",
         *weight_rows(),
+        "",
+        "`vllm serve` with the same checkpoint and the report's flags (harness/serve_h200.py --real):",
+        "",
+        "| vLLM build | shim | texts as 0.25.0's | accepted / drafted, by position | states on /metrics |",
+        "|---|---|---|---|---|",
+        *weight_server_rows(),
         "",
         "## What each patch does, per build",
         "",

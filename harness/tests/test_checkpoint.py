@@ -13,7 +13,7 @@ import math
 import subprocess
 from pathlib import Path
 
-from harness import checkpoint
+from harness import checkpoint, serve_h200
 from scripts.venvs import ensure_venv
 from tests.conftest import clean_env
 
@@ -194,3 +194,62 @@ def test_on_the_h200_the_tolerant_loader_drafts_noise_and_the_shim_restores_ever
     states = {p["name"]: (p["state"], p["corrections"]) for p in fixed["worker_shim_status"]["patches"]}
     assert states["remap_dspark_name"] == ("patched", 375)  # the worker's own status()
     assert states["attention_kv_cache_spec"] == states["swa_kv_cache_spec"] == ("not_needed", 0)
+
+
+def server(call: str, arm: str) -> dict:
+    """An arm of harness.serve_h200 (`vllm serve`, the report's flags) with the real checkpoint."""
+    summary = json.loads((RECORD.parent / call / "summary.json").read_text())
+    assert summary["checkpoint"]["written"] == {"bytes": 6107366864, "files": 3, "tensors": 905}
+    (found,) = [s for s in summary["servers"] if s["arm"] == arm]
+    return {**found, "shim_calls": serve_h200.shim_calls(found)}  # its processes' counts, summed
+
+
+def acceptance(probe: dict) -> list[float]:
+    drafts = probe["spec_decode_metrics"]["vllm:spec_decode_num_drafts_total"]
+    return [probe["accepted_by_position"][str(k)] / drafts for k in range(5)]
+
+
+def test_on_the_h200_vllm_serve_with_the_plugin_alone_serves_what_unmodified_vllm_serves():
+    baseline, plugin = server("serve15", "baseline"), server("serve15", "fixed-plugin")
+    tolerant_plugin = server("serve16", "tolerant-plugin")
+    for run in (baseline, plugin, tolerant_plugin):
+        assert (run["outcome"], run["first_error"]) == ("ready", None), run["label"]
+        assert "--load-format" not in run["command"]  # the checkpoint's weights
+        assert run["probe"]["texts_sha256"] == baseline["probe"]["texts_sha256"]
+        assert run["probe"]["spec_decode_metrics"] == baseline["probe"]["spec_decode_metrics"]
+        assert acceptance(run["probe"]) == [1.0] * 5
+    assert baseline["probe"]["spec_decode_metrics"]["vllm:spec_decode_num_accepted_tokens_total"] == 240
+    words = [text.split()[:-1] for text in baseline["probe"]["texts_head"]]  # the last word may be cut
+    samples = [[int(word[1:]) for word in sample] for sample in words]
+    follows = child("construction.py", json.dumps(CONFIG), json.dumps(samples))
+    assert follows == [len(ids) - 1 for ids in samples] and min(follows) >= 20  # every served step t -> succ(t)
+    assert not baseline["shim_lines"] and baseline["shim_calls"]["with_the_shim"]["ready"] == []
+    for run in (plugin, tolerant_plugin):  # the wheel installed, activated by vLLM's plugin loader alone
+        assert run["shim_calls"]["activated_by"] == ["vllm-plugin"] and run["shim_calls"]["serving_calls"] == 0
+        assert len(run["shim_lines"]) == 2  # the API server and the engine core
+    assert plugin["shim_calls"]["at_ready"]["remap_dspark_name"] == 905  # once per checkpoint tensor
+    assert "fixing: 4 patched (remap_dspark_name," in plugin["shim_lines"][1]
+
+
+def test_on_the_h200_metrics_say_what_the_shim_did_for_a_tolerant_loader_and_nothing_without_it():
+    tolerant, fixed = server("serve16", "tolerant"), server("serve16", "tolerant-plugin")
+    baseline = server("serve15", "baseline")
+    assert tolerant["outcome"] == "ready" and tolerant["probe"]["texts_sha256"] == baseline["probe"]["texts_sha256"]
+    spec = tolerant["probe"]["spec_decode_metrics"]
+    assert (spec["vllm:spec_decode_num_accepted_tokens_total"], spec["vllm:spec_decode_num_draft_tokens_total"]) == (
+        0,
+        1240,
+    )
+    assert acceptance(tolerant["probe"]) == [0.0] * 5
+    assert not tolerant["shim_lines"] and tolerant["metrics"] == {"ready": [], "after-probe": []}
+    assert "fixing: 2 patched (remap_dspark_name, kv_cache_groups), 2 not_needed" in fixed["shim_lines"][1]
+    series = set(fixed["metrics"]["ready"])
+    for patch, state, needed in (
+        ("remap_dspark_name", "patched", 1),
+        ("kv_cache_groups", "patched", 1),
+        ("attention_kv_cache_spec", "not_needed", 0),
+        ("swa_kv_cache_spec", "not_needed", 0),
+    ):
+        assert f'dspark_hotfix_patch_state{{patch="{patch}",state="{state}"}} 1.0' in series
+        assert f'dspark_hotfix_patch_needed{{patch="{patch}"}} {needed:.1f}' in series
+    assert fixed["metrics"]["after-probe"] == fixed["metrics"]["ready"]
