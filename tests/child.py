@@ -101,7 +101,10 @@ def slow_import(module: str, thread: str, pause: float = 0.5, release: threading
         def exec_module(self, module: Any) -> None:
             module.__loader__ = module.__spec__.loader = self.loader
             inside.set()
-            release.wait(30) if release else time.sleep(pause)
+            if release:
+                release.wait(30)
+            else:
+                time.sleep(pause)
             self.loader.exec_module(module)
 
     class SlowImport:
@@ -136,3 +139,16 @@ def interrupt_registration(at: int, main_thread_only: bool = False, pause: float
 
     wrapt.register_post_import_hook = interrupted
     return inside
+
+
+def as_started(status: int) -> None:
+    """What a child sees of its start (its modules, ``__main__``'s names, its arguments, its stdin), a line
+    written at exit by ``atexit``, and ``status`` as its exit status."""
+    import __main__
+
+    seen = {"modules": sorted(sys.modules), "main": sorted(vars(__main__)), "argv": sys.argv, "stdin": sys.stdin.read()}
+    print(json.dumps(seen))
+    import atexit
+
+    atexit.register(print, "at exit")
+    sys.exit(status)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import io
 import json
+import marshal
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -297,6 +302,15 @@ IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
 
 
 @pytest.fixture(scope="session")
+def bare_venv(tmp_path_factory) -> Path:
+    """A venv without pip, wrapt or the shim, built once per run; read only."""
+    def build(root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+
+    return built_once(tmp_path_factory, "bare-venv", build)
+
+
+@pytest.fixture(scope="session")
 def venv(tmp_path_factory, wheel) -> dict:
     """A venv with the wheel installed and an image's own sitecustomize, built once per run; read only."""
     def build(root: Path) -> None:
@@ -336,16 +350,104 @@ CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
 def call_in_child(function: Callable[..., None], *args: object, stand_in_alone: bool = False,
                   env: dict[str, str] | None = None, timeout: float = CHILD_TIMEOUT,
                   ) -> subprocess.CompletedProcess[str]:
-    """``function(*args)`` (``args`` as JSON) in a fresh interpreter, as :func:`child` starts one: the
-    repository first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone
-    (no start-up hook; the repository goes last, so the shim is imported only where the child asks). The
-    function's module must import only the standard library at its top."""
+    """``function(*args)`` (``args`` as JSON) in a fresh process (:func:`in_fresh_process`): the repository
+    first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone (no start-up
+    hook; the repository goes last, so the shim is imported only where the child asks). The function's
+    module must import only the standard library at its top."""
+    return in_fresh_process(code_calling(function, stand_in_alone), json.dumps(args),
+                            path=(STANDIN,) if stand_in_alone else (REPO, STANDIN), env=env, timeout=timeout)
+
+
+def code_calling(function: Callable[..., None], stand_in_alone: bool = False) -> str:
+    """The ``-c`` code of :func:`call_in_child`: ``function`` called with the arguments in ``sys.argv[1]``."""
     code = (f"import json, sys; from {function.__module__} import {function.__name__} as f; "
             "f(*json.loads(sys.argv[1]))")
     if stand_in_alone:
         code = f"import sys; sys.path.append({str(REPO)!r}); " + code
-    return child(args=("-c", code, json.dumps(args)), path=(STANDIN,) if stand_in_alone else (REPO, STANDIN),
-                 env=env, timeout=timeout)
+    return code
+
+
+def in_fresh_process(code: str, *argv: str, path: tuple[Path, ...] = (REPO, STANDIN),
+                     env: dict[str, str] | None = None, timeout: float = CHILD_TIMEOUT,
+                     ) -> subprocess.CompletedProcess[str]:
+    """``python -c code *argv`` as :func:`child` runs it, for what comes after interpreter start: forked from
+    a :mod:`tests.zygote` started once per path and environment in this pytest process (the start-up hook
+    ran in it, as at any start). Where that start wrote anything, a fresh interpreter runs it instead, so
+    that nothing said at start is lost."""
+    server = zygote(path, env or {})
+    if server is None:
+        return child(args=("-c", code, *argv), path=path, env=env, timeout=timeout)
+    return forked(server, code, list(argv), timeout)
+
+
+ZYGOTES: dict[tuple, subprocess.Popen[bytes] | None] = {}  # (path, environment): its server, or None
+
+
+def zygote(path: tuple[Path, ...], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """This pytest process's :mod:`tests.zygote` for ``path`` and ``env``, started on first use; None
+    where its start wrote anything (on stderr, or on stdout before its "ready")."""
+    key = (path, tuple(sorted(env.items())))
+    if key not in ZYGOTES:
+        full = clean_env(**env)
+        full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+        source = (REPO / "tests" / "zygote.py").read_text()
+        with tempfile.TemporaryFile() as said:
+            server = subprocess.Popen([sys.executable, "-c", source], env=full, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=said, bufsize=0)
+            ready = reply(server, CHILD_TIMEOUT)
+            said.seek(0)
+            if ready != "ready" or said.read():
+                server.kill()
+                server.wait()
+                server = None
+        ZYGOTES[key] = server
+    return ZYGOTES[key]
+
+
+def reply(server: subprocess.Popen[bytes], timeout: float) -> object:
+    """The zygote's next reply, or None where none came within ``timeout`` seconds."""
+    assert server.stdout is not None
+    if not select.select([server.stdout], [], [], timeout)[0]:
+        return None
+    try:
+        return marshal.load(server.stdout)
+    except (EOFError, ValueError):
+        return None
+
+
+def forked(server: subprocess.Popen[bytes], code: str, argv: list[str], timeout: float,
+           ) -> subprocess.CompletedProcess[str]:
+    """``python -c code *argv`` forked from ``server``, as :func:`child` returns it (returncode None and
+    "(killed: timeout)" on stderr where it ran past ``timeout``)."""
+    assert server.stdin is not None
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        out.touch()
+        err.touch()
+        server.stdin.write(marshal.dumps((code, argv, str(out), str(err))))
+        pid = reply(server, CHILD_TIMEOUT)
+        assert isinstance(pid, int), f"the zygote did not fork: {server.poll()}"
+        status = reply(server, timeout)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            reply(server, CHILD_TIMEOUT)
+        # As subprocess.run(text=True) decodes: the locale's encoding, universal newlines.
+        stdout, stderr = out.read_text(), err.read_text()
+    argv = [sys.executable, "-c", code, *argv]
+    if status is None:
+        return subprocess.CompletedProcess(argv, None, stdout, stderr + "\n(killed: timeout)")  # type: ignore[arg-type]
+    return subprocess.CompletedProcess(argv, status, stdout, stderr)
+
+
+@atexit.register
+def _end_zygotes() -> None:
+    for server in ZYGOTES.values():
+        if server is not None and server.stdin is not None:
+            server.stdin.close()  # end of input: the server ends
+            try:
+                server.wait(5)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),

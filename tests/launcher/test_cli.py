@@ -12,6 +12,7 @@ from tests.conftest import (
     REPO,
     STANDIN,
     edited_standin,
+    in_fresh_process,
     run_in_venv,
     run_python,
     startup_dir,
@@ -23,10 +24,13 @@ STARTUP = REPO / "dspark_hotfix" / "startup"
 FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 
 
-def cli(*args: str, path=(STARTUP, STANDIN), **kwargs):
-    """The command line in a child started with the start-up directory on its path, on the toy patches."""
+def cli(*args: str, path=(STARTUP, STANDIN), env: dict[str, str] | None = None):
+    """The command line in a child with the start-up directory on its path, on the toy patches: forked
+    (tests.conftest.in_fresh_process), or with ``env`` (a start of its own each) a fresh interpreter."""
     code = USE_LAST + f"sys.argv[1:] = {list(args)!r}\n" + CLI
-    return run_python(code, path=path, check=False, **kwargs)
+    if env:
+        return run_python(code, path=path, env=env, check=False)
+    return in_fresh_process(code, path=path, timeout=120)
 
 
 def exit_code(*argv: str) -> int | str | None:

@@ -30,6 +30,7 @@ from tests.conftest import (
     STANDIN,
     child,
     edited_standin,
+    in_fresh_process,
     json_lines,
     last_json,
     run_python,
@@ -160,12 +161,12 @@ def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_run
         "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]
 
 
-# What prometheus_client decides as it is imported, in fresh interpreters.
+# What prometheus_client decides as it is imported, in fresh processes (tests.conftest.in_fresh_process).
 
 def test_the_shim_never_imports_prometheus_client():
-    proc = run_python(USE + "import sys, vllm\n" + IMPORT + "import dspark_hotfix\n"
-                      "print(dspark_hotfix.status()['patches'][0]['state'], 'prometheus_client' in sys.modules)\n")
-    assert proc.stdout.split() == ["patched", "False"]
+    shown = "print(dspark_hotfix.status()['patches'][0]['state'], 'prometheus_client' in sys.modules)\n"
+    proc = in_fresh_process(USE + "import sys, vllm\n" + IMPORT + "import dspark_hotfix\n" + shown)
+    assert proc.returncode == 0 and proc.stdout.split() == ["patched", "False"], proc.stderr
 
 
 def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
@@ -382,7 +383,8 @@ print(json.dumps([l for l in generate_latest().decode().splitlines() if l.starts
 
 
 def test_the_gauges_appear_when_another_thread_was_importing_prometheus_client_at_activation():
-    proc = run_python(HALF_IMPORTED)
+    proc = in_fresh_process(HALF_IMPORTED)
+    assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout) == [
         f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], proc.stderr
     assert warning_lines(proc.stderr) == []
