@@ -6,6 +6,7 @@ validation needs no network; its PyYAML reads the manifest for the tests.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -37,10 +38,15 @@ def validate(site: Path, path: Path, version: str, prefix: tuple[str, ...] = ())
 
 
 def documents(site: Path, path: Path = MANIFEST) -> list[dict]:
-    """The manifest's YAML documents, read by PyYAML as kubectl reads them."""
+    """The manifest's YAML documents, read by PyYAML as kubectl reads them (each test gets its own copy)."""
+    return json.loads(read_yaml(site, path, path.read_bytes()))
+
+
+@functools.lru_cache
+def read_yaml(site: Path, path: Path, content: bytes) -> str:
+    """PyYAML's reading of ``path`` as JSON, once per content: the committed manifest is read by six tests."""
     code = "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"
-    proc = with_site(site, [sys.executable, "-c", code, str(path)], check=True)
-    return json.loads(proc.stdout)
+    return with_site(site, [sys.executable, "-c", code, str(path)], check=True).stdout
 
 
 def pod(site: Path) -> dict:

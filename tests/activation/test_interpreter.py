@@ -128,8 +128,7 @@ def test_no_home_changes_nothing(home):
 def no_wrapt(request, tmp_path):
     """How to run Python where ``import wrapt`` fails: (python, extra path entries)."""
     if request.param == "venv without wrapt":
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-        return str(tmp_path / "venv" / "bin" / "python"), ()
+        return str(request.getfixturevalue("bare_venv") / "bin" / "python"), ()
     error = request.param.split()[-1]
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "wrapt.py").write_text(f"raise {error}('built for another Python')\n")  # names no wrapt

@@ -63,7 +63,6 @@ def greet_in_a_pool_worker(_: int) -> list[Any]:
     import vllm.toy_planner  # noqa: F401
     from vllm.toy_model import Greeter
 
-
     return [os.getpid(), wrap_depths(), states(), Greeter().greet("ada")]
 
 
@@ -83,7 +82,6 @@ def states_in_a_tensor_parallel_worker(_: int) -> tuple[int, list[str]]:
     never import its KV-cache grouping). The toys are its own patch set, as in a pool's worker."""
     use_toys()
     import vllm.toy_model  # noqa: F401
-
 
     return os.getpid(), list(states().values())
 
