@@ -422,8 +422,6 @@ def forked(server: subprocess.Popen[bytes], code: str, argv: list[str], timeout:
     assert server.stdin is not None
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        out.touch()
-        err.touch()
         server.stdin.write(marshal.dumps((code, argv, str(out), str(err))))
         pid = reply(server, CHILD_TIMEOUT)
         assert isinstance(pid, int), f"the zygote did not fork: {server.poll()}"
@@ -433,10 +431,15 @@ def forked(server: subprocess.Popen[bytes], code: str, argv: list[str], timeout:
             reply(server, CHILD_TIMEOUT)
         # As subprocess.run(text=True) decodes: the locale's encoding, universal newlines.
         stdout, stderr = out.read_text(), err.read_text()
-    argv = [sys.executable, "-c", code, *argv]
+    command = [sys.executable, "-c", code, *argv]
     if status is None:
-        return subprocess.CompletedProcess(argv, None, stdout, stderr + "\n(killed: timeout)")  # type: ignore[arg-type]
-    return subprocess.CompletedProcess(argv, status, stdout, stderr)
+        return killed(command, stdout, stderr)
+    return subprocess.CompletedProcess(command, status, stdout, stderr)
+
+
+def killed(argv: list[str], stdout: str, stderr: str) -> subprocess.CompletedProcess[str]:
+    """A child ended by its timeout, as :func:`child` and :func:`forked` return it."""
+    return subprocess.CompletedProcess(argv, None, stdout, stderr + "\n(killed: timeout)")  # type: ignore[arg-type]
 
 
 @atexit.register
@@ -465,5 +468,5 @@ def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Pa
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        return subprocess.CompletedProcess(argv, None, out, err + "\n(killed: timeout)")  # type: ignore[arg-type]
+        return killed(argv, out, err)
 

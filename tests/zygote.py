@@ -1,8 +1,9 @@
-"""The fork server behind ``tests.conftest.call_in_child``: started once per path and environment as
-``python -c <this source>``, so the start-up hook runs in it as in any interpreter start; then, per
-request, a forked child runs the code it was sent as ``python -c code *argv`` would: ``__main__`` as
-fresh, ``sys.argv`` as ``-c`` sets it, stdin empty, stdout and stderr into the files named, and the
-interpreter's own shutdown at the end (atexit, threads joined, streams flushed, the exit status).
+"""The fork server behind ``tests.conftest.in_fresh_process`` (``call_in_child``'s children): started
+once per path and environment as ``python -c <this source>``, so the start-up hook runs in it as in any
+interpreter start; then, per request, a forked child runs the code it was sent as ``python -c code
+*argv`` would: ``__main__`` as fresh, ``sys.argv`` as ``-c`` sets it, stdin empty, stdout and stderr
+into the files named, and the interpreter's own shutdown at the end (atexit, threads joined, streams
+flushed, the exit status).
 
 Nothing but ``os``, ``sys`` and ``marshal``, which every interpreter has loaded at start: a child's
 ``sys.modules`` is what a fresh interpreter's would be. Requests and replies are marshalled on the
@@ -30,8 +31,8 @@ def serve() -> str:
             os._exit(0)
         pid = os.fork()
         if pid == 0:
-            for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out, os.O_WRONLY), (2, err, os.O_WRONLY)):
-                opened = os.open(path, flags)
+            for fd, path in ((0, os.devnull), (1, out), (2, err)):
+                opened = os.open(path, (os.O_WRONLY | os.O_CREAT) if fd else os.O_RDONLY)
                 os.dup2(opened, fd)
                 os.close(opened)
             sys.argv = ["-c", *argv]
