@@ -49,7 +49,10 @@ def source_date_epoch() -> int:
 
 def unpack(tar: tarfile.TarFile, dest: Path) -> None:
     # Python before 3.10.12 and 3.11.4 has no extraction filters; the archives are our own.
-    tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+    else:
+        tar.extractall(dest)
 
 
 def commit_tree(dest: Path) -> Path:
@@ -95,7 +98,8 @@ def normalized_sdist(sdist: Path, epoch: int) -> bytes:
     members = []
     with tarfile.open(sdist) as tar:
         for info in tar.getmembers():
-            data = tar.extractfile(info).read() if info.isfile() else None
+            member = tar.extractfile(info) if info.isfile() else None
+            data = member.read() if member is not None else None
             info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "root", "root"
             info.mode = 0o755 if info.isdir() or info.mode & 0o100 else 0o644
             info.pax_headers = {}

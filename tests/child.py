@@ -1,6 +1,6 @@
-"""What a child process does, as real Python: the helpers of the children that are functions
-(``tests.conftest.call_in_child``), and the source of ``tests.conftest.STATUS`` and ``WRAP_DEPTH``, the
-lines that code-string children end with.
+"""What a child process does, as real Python: the steps children share, whether the child imports them
+(``tests.conftest.call_in_child``'s functions) or is sent their source (``tests.conftest.program``, for a
+child that has nothing of the tests on its path). So each step imports what it uses in its own body.
 
 Standard library only at the top: a child imports vLLM's stand-in, the toys and the shim when it asks.
 A child that hangs is ended by ``faulthandler`` after ``HANG_AFTER`` seconds (exit 1, every thread's
@@ -14,7 +14,6 @@ import json
 import sys
 import threading
 import time
-import types
 from typing import Any
 
 HANG_AFTER = 8  # seconds before faulthandler ends a hung child
@@ -26,26 +25,119 @@ def hang_guard() -> None:
     faulthandler.dump_traceback_later(HANG_AFTER, exit=True)
 
 
-def use_toys() -> None:
-    """The toys as the patch set (``tests.toys.USE``)."""
+def use_toys(repo: str | None = None) -> None:
+    """The toys as the patch set; with ``repo``, the checkout appended to ``sys.path`` first, so that the
+    shim still comes from where the test put it (its start-up directory, a venv, a copy)."""
+    import sys
+
+    if repo is not None:
+        sys.path.append(repo)
     import tests.toys
 
     tests.toys.use()
 
 
 def import_toy_targets() -> None:
-    """Every toy target module, as an engine core imports vLLM's (``tests.toys.IMPORT``)."""
+    """Every toy target module, as an engine core imports vLLM's."""
     import vllm.toy_model
     import vllm.toy_planner  # noqa: F401
 
 
 def print_status() -> None:
-    """status() as {patch name: its row}, each row with the process's activated_by and pid (``STATUS``)."""
+    """status() as {patch name: its row}, each row with the process's activated_by and pid."""
+    import json
+
     import dspark_hotfix
 
     status = dspark_hotfix.status()
     rows = {r["name"]: dict(r, activated_by=status["activated_by"], pid=status["pid"]) for r in status["patches"]}
     print(json.dumps(rows))
+
+
+def watchers() -> int:
+    """How many of the start-up hook's VllmImportWatcher are on sys.meta_path (1: it watches for vLLM)."""
+    import sys
+
+    return sum(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
+
+
+def load_plugins() -> None:
+    """vLLM's general plugins loaded, as each of vLLM's processes loads them."""
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+
+
+def package_file() -> str | None:
+    """Where this process's ``dspark_hotfix`` comes from."""
+    import dspark_hotfix
+
+    return dspark_hotfix.__file__
+
+
+def shim_enabled() -> bool:
+    """``dspark_hotfix.enabled()`` in this process."""
+    import dspark_hotfix
+
+    return dspark_hotfix.enabled()
+
+
+def module_names() -> list[str]:
+    """Every module imported in this process so far, sorted."""
+    import sys
+
+    return sorted(sys.modules)
+
+
+def sys_path() -> list[str]:
+    import sys
+
+    return sys.path
+
+
+def ran() -> None:
+    print("ran")
+
+
+def import_modules(names: list[str]) -> None:
+    """Each module of ``names``, in order."""
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+
+
+def environ(name: str) -> str | None:
+    """This process's ``name`` variable."""
+    import os
+
+    return os.environ.get(name)
+
+
+def run_cli(*argv: str) -> None:
+    """``dspark-hotfix *argv`` in this process: its exit status is the child's."""
+    from dspark_hotfix import cli
+
+    raise SystemExit(cli.main(list(argv)))
+
+
+def toy_calls() -> dict[str, object]:
+    """Every toy target called as the toy build's callers would, with what each gave (an exception: its type's
+    name): ``tests.activation.children.CORRECTED`` where the toys are applied, ``AS_SHIPPED`` where not."""
+    from types import SimpleNamespace
+
+    import vllm.toy_model
+    import vllm.toy_planner
+
+    def call(f: Any, *args: object) -> object:
+        try:
+            return f(*args)
+        except Exception as exc:
+            return type(exc).__name__
+
+    return {"greet": call(vllm.toy_model.Greeter().greet, "ada"),
+            "plan": call(vllm.toy_planner.plan, SimpleNamespace(compact=False), [1, 2]),
+            "compact": call(vllm.toy_planner.plan, SimpleNamespace(compact=True), [1, 2])}
 
 
 def states() -> dict[str, str]:
@@ -64,7 +156,11 @@ def start_and_join(threads: list[threading.Thread]) -> None:
 
 
 def wrap_depths() -> dict[str, int | None]:
-    """Per patch whose module is imported, the wrappers on vLLM's plain function (``WRAP_DEPTH``)."""
+    """Per patch whose module is imported, how many wrappers sit on vLLM's plain function in its class's (or
+    module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one."""
+    import sys
+    import types
+
     from dspark_hotfix.patches import ALL
 
     def depth(f: Any) -> int | None:

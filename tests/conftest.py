@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
+import builtins
+import dis
+import functools
 import inspect
 import io
 import json
@@ -16,15 +20,17 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import textwrap
+import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import dspark_hotfix
 import dspark_hotfix.patches
 from scripts.venvs import locked
-from tests import child as child_code
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -68,13 +74,53 @@ def run_python(
     return proc
 
 
-def last_json(stdout: str) -> object:
+def last_json(stdout: str) -> Any:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-# A child's last line: prints status() as {patch name: its row}, each row with the process's activated_by and
-# pid (tests.child.print_status's own source, for a child that cannot import tests).
-STATUS = "import json\n" + inspect.getsource(child_code.print_status) + "print_status()\n"
+def program(*steps: Callable[..., object] | functools.partial, helpers: tuple[Callable[..., object], ...] = ()) -> str:
+    """The ``-c`` code of a child that runs ``steps`` in order: each function's own source, then its call (a
+    partial's arguments as their repr), its value printed as a JSON line where it returns one (``json``
+    imported once it has returned). So the child needs nothing of the tests on its path, and ruff and mypy
+    check its code where it is written. A step imports what it uses in its own body, since only its source
+    goes (``tests/child.py``'s steps), and goes without its annotations: they are for mypy, and the child
+    imports nothing it did not ask for (no ``__future__``). ``helpers`` go too, without a call: functions the
+    steps call."""
+    sources: dict[str, str] = {}
+    calls, used = [], set()
+    for step in (*steps, *helpers):
+        function, args = (step.func, step.args) if isinstance(step, functools.partial) else (step, ())
+        source = bare(textwrap.dedent(inspect.getsource(function)))
+        assert sources.setdefault(function.__name__, source) == source, f"two steps named {function.__name__}"
+        used |= globals_read(compile(source, function.__name__, "exec"))  # what the child will read
+        if step in helpers:
+            continue
+        call = f"{function.__name__}({', '.join(map(repr, args))})"
+        returns = function.__annotations__.get("return") not in ("None", None)
+        calls.append(f"value = {call}; import json; print(json.dumps(value))" if returns else call)
+    unknown = used - set(sources) - set(vars(builtins))
+    assert not unknown, f"a step reads its module's {sorted(unknown)}: import them in the step's body"
+    return "\n".join([*sources.values(), *calls]) + "\n"
+
+
+def bare(source: str) -> str:
+    """``source`` without the annotations of its functions' arguments and returns."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        elif isinstance(node, ast.arg):
+            node.annotation = None
+    return ast.unparse(tree)
+
+
+def globals_read(code: types.CodeType) -> set[str]:
+    """The global names ``code`` (and the functions and comprehensions inside it) reads."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            names |= globals_read(inner)
+    return names
 
 
 @pytest.fixture
@@ -207,17 +253,6 @@ def wheel(tmp_path_factory) -> Path:
 
 # Helpers of the subprocess tests in every folder (activation, switches, reporting, security).
 
-# An expression, in a child's code: whether the start-up hook watches for vLLM in that process (it put its
-# VllmImportWatcher on sys.meta_path at interpreter start). Needs `import sys`.
-WATCHING = "any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)"
-
-WRAP_DEPTH = ("import json, sys, types\nfrom typing import Any\n" + inspect.getsource(child_code.wrap_depths)
-              + "print(json.dumps(wrap_depths()))\n")
-"""Prints, per patch whose module is imported, how many wrappers sit on vLLM's plain function in its class's
-(or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one
-(tests.child.wrap_depths's own source)."""
-
-
 STATE_LINE = re.compile(r"dspark_hotfix \S+ \(pid \d+\) via ")  # a state line, without level and timestamp
 
 
@@ -244,8 +279,15 @@ def state_of(line: str) -> str:
     return line.split(": ", 1)[1]
 
 
-def json_lines(stdout: str) -> list[object]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith(("{", "["))]
+def json_lines(stdout: str) -> list[Any]:
+    """Each line of ``stdout`` that is JSON, decoded (a step's value, :func:`program`), in order."""
+    values = []
+    for line in stdout.splitlines():
+        try:
+            values.append(json.loads(line))
+        except ValueError:
+            pass  # a line the child printed as text
+    return values
 
 
 def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: tuple[str, ...] = ()) -> Path:
@@ -399,8 +441,9 @@ def zygote(path: tuple[Path, ...], env: dict[str, str]) -> subprocess.Popen[byte
             if ready != "ready" or said.read():
                 server.kill()
                 server.wait()
-                server = None
-        ZYGOTES[key] = server
+                ZYGOTES[key] = None
+            else:
+                ZYGOTES[key] = server
     return ZYGOTES[key]
 
 
@@ -432,7 +475,7 @@ def forked(server: subprocess.Popen[bytes], code: str, argv: list[str], timeout:
         # As subprocess.run(text=True) decodes: the locale's encoding, universal newlines.
         stdout, stderr = out.read_text(), err.read_text()
     command = [sys.executable, "-c", code, *argv]
-    if status is None:
+    if not isinstance(status, int):
         return killed(command, stdout, stderr)
     return subprocess.CompletedProcess(command, status, stdout, stderr)
 

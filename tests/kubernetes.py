@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tests.cache import pip_target
-from tests.conftest import REPO
+from tests.conftest import REPO, program
 
 MANIFEST = REPO / "deploy" / "kubernetes" / "deployment.yaml"
 VALIDATOR = "kubernetes-validate==1.37.0"
@@ -45,8 +45,15 @@ def documents(site: Path, path: Path = MANIFEST) -> list[dict]:
 @functools.lru_cache
 def read_yaml(site: Path, path: Path, content: bytes) -> str:
     """PyYAML's reading of ``path`` as JSON, once per content: the committed manifest is read by six tests."""
-    code = "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"
-    return with_site(site, [sys.executable, "-c", code, str(path)], check=True).stdout
+    code = program(functools.partial(yaml_documents, str(path)))
+    return with_site(site, [sys.executable, "-c", code], check=True).stdout
+
+
+def yaml_documents(path: str) -> list[object]:
+    import yaml
+
+    with open(path) as manifest:
+        return list(yaml.safe_load_all(manifest))
 
 
 def pod(site: Path) -> dict:

@@ -28,7 +28,12 @@ def fixes_installed(status: dict[str, Any]) -> bool:
     return bool(fixes) and all(got[name]["state"] == "patched" for name in fixes)
 
 
+def target_modules() -> list[str]:
+    """Every patch's target module (``patches.ALL``), once each, in its order: once a child has imported them,
+    every patch is judged."""
+    return list(dict.fromkeys(p.module for p in dspark_hotfix.patches.ALL))
+
+
 def import_targets() -> str:
-    """Lines of a child's code that import every patch's target module (``patches.ALL``), once each, in its
-    order: after them every patch is judged."""
-    return "".join(f"import {module}\n" for module in dict.fromkeys(p.module for p in dspark_hotfix.patches.ALL))
+    """Lines of a child's code that import :func:`target_modules`."""
+    return "".join(f"import {module}\n" for module in target_modules())

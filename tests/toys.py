@@ -1,7 +1,7 @@
 """The machinery's test patches: toys on toy targets in the stand-in (``vllm.toy_model``, ``vllm.toy_planner``).
 
 They are the tests' own. ``dspark_hotfix.patches.ALL`` stays the product's list; a test chooses this set
-with :func:`use` in its own process (the ``toys`` fixture), or with ``USE`` as a child's first line. The
+with :func:`use` in its own process (the ``toys`` fixture), or a child with ``tests.child.use_toys``. The
 machinery's tests (switches, reporting, activation, wrapping, faults, processes) run on these, so adding
 or removing a real patch never touches them. Each real patch has its own tests in tests/patches/.
 
@@ -69,11 +69,6 @@ FIX = {
     GREETING.name: [('f"helo, {name}"', 'f"hello, {name}"')],
     PLANNER.name: [("list(items)[: -1 if config.compact else None]", "list(items)")],
 }
-
-# A child's first line: the toy set is the one its activation uses.
-USE = "import tests.toys; tests.toys.use()\n"
-# A child's line importing every toy target module (as an engine core imports vLLM's).
-IMPORT = "import vllm.toy_model, vllm.toy_planner\n"
 
 
 def use() -> None:

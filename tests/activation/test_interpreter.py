@@ -14,28 +14,40 @@ import stat
 import subprocess
 import sys
 import tempfile
+from functools import partial
 
 import pytest
 
 from dspark_hotfix.startup import sitecustomize
-from tests.activation.children import AS_SHIPPED, CALLS, CORRECTED, JUDGED, UNWRAPPED, WRAP_DEPTH, WRAPPED
+from tests.activation.children import AS_SHIPPED, CORRECTED, JUDGED, UNWRAPPED, USE_LAST, WRAPPED
+from tests.child import (
+    import_toy_targets,
+    module_names,
+    print_status,
+    ran,
+    toy_calls,
+    use_toys,
+    watchers,
+    wrap_depths,
+)
 from tests.conftest import (
     REPO,
     STANDIN,
-    STATUS,
-    WATCHING,
     clean_env,
     copy_of_shim,
     json_lines,
     last_json,
     listing,
+    program,
     run_in_env,
     run_python,
     state_of,
     summary_lines,
     warning_lines,
 )
-from tests.toys import IMPORT, NAMES, USE
+from tests.toys import NAMES
+
+TOYS = (use_toys, import_toy_targets)  # a child's first steps: the toys as its patch set, their targets imported
 
 
 def states(stdout: str) -> dict[str, str]:
@@ -46,19 +58,31 @@ def states(stdout: str) -> dict[str, str]:
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
     # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM on
     # sys.path itself, as an embedding application would.
-    code = (f"import sys; print(json.dumps([{WATCHING} or 'dspark_hotfix' in sys.modules]))\n"
-            f"sys.path[:0] = [{str(REPO)!r}, {str(STANDIN)!r}]\n" + USE + IMPORT + WRAP_DEPTH + STATUS)
-    proc = run_python("import json\n" + code, flags=(flag,))
+    code = program(shim_started, partial(path_first, [str(REPO), str(STANDIN)]), *TOYS, wrap_depths, print_status)
+    proc = run_python(code, flags=(flag,))
     started, depth, rows = json_lines(proc.stdout)
-    assert started == [False]
+    assert started is False
     assert depth == UNWRAPPED
     assert {(r["state"], r["detail"]) for r in rows.values()} == {("disabled", "not installed in this process")}
     assert proc.stderr == ""
 
 
+def shim_started() -> bool:
+    """Whether start-up brought the shim in: its watcher on sys.meta_path, or its package imported."""
+    import sys
+
+    return any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path) or "dspark_hotfix" in sys.modules
+
+
+def path_first(entries: list[str]) -> None:
+    import sys
+
+    sys.path[:0] = entries
+
+
 @pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])
 def test_safe_path_keeps_the_shim_active(flags, env):
-    proc = run_python(USE + IMPORT + WRAP_DEPTH + STATUS, flags=flags, env=env)
+    proc = run_python(program(*TOYS, wrap_depths, print_status), flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
     assert depth == WRAPPED
     assert {n: r["state"] for n, r in rows.items()} == JUDGED
@@ -79,7 +103,7 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     # own bytecode cache out of the comparison: what remains would be the shim's.
     before = listing(read_only_shim)
     # The toys come from the checkout, last on sys.path: the shim is the read-only copy's.
-    code = f"import sys; sys.path.append({str(REPO)!r})\n" + USE + IMPORT + STATUS + CALLS
+    code = program(USE_LAST, import_toy_targets, print_status, toy_calls)
     proc = run_python(code, path=(read_only_shim, STANDIN), flags=("-B",))
     assert {n: r["state"] for n, r in json_lines(proc.stdout)[0].items()} == JUDGED
     assert last_json(proc.stdout) == CORRECTED
@@ -100,8 +124,7 @@ def read_only_mount_works() -> bool:
 @pytest.mark.skipif(not read_only_mount_works(), reason="needs unshare -m and a bind mount (CAP_SYS_ADMIN)")
 def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(read_only_shim), str(STANDIN)]))
-    code = (f"import sys; sys.path.append({str(REPO)!r})\n" + USE + IMPORT + STATUS + CALLS
-            + f"open({str(read_only_shim / 'probe')!r}, 'w')")
+    code = program(USE_LAST, import_toy_targets, print_status, toy_calls, partial(write, str(read_only_shim / "probe")))
     before = listing(read_only_shim)
     proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
@@ -112,13 +135,18 @@ def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     assert listing(read_only_shim) == before
 
 
+def write(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
 @pytest.mark.parametrize("home", [None, "/nonexistent/home"], ids=["unset", "missing-directory"])
 def test_no_home_changes_nothing(home):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(STANDIN)]))
     env.pop("HOME", None)
     if home:
         env["HOME"] = home
-    proc = run_in_env([sys.executable, "-c", USE + IMPORT + WRAP_DEPTH + STATUS], env)
+    proc = run_in_env([sys.executable, "-c", program(*TOYS, wrap_depths, print_status)], env)
     depth, rows = json_lines(proc.stdout)
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
     assert warning_lines(proc.stderr) == []
@@ -138,7 +166,7 @@ def no_wrapt(request, tmp_path):
 def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     python, extra = no_wrapt
     path = (*extra, REPO, STANDIN)
-    proc = run_python(USE + IMPORT + WRAP_DEPTH + STATUS + CALLS, python=python, path=path)
+    proc = run_python(program(*TOYS, wrap_depths, print_status, toy_calls), python=python, path=path)
     depth, rows, calls = json_lines(proc.stdout)
     assert depth == UNWRAPPED
     assert calls == AS_SHIPPED  # the toy build as shipped, its bugs included
@@ -153,10 +181,10 @@ def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
 @pytest.mark.parametrize("switch", [None, "1"], ids=["unset", "the Dockerfile's 1"])
 def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
     env = {} if switch is None else {"DSPARK_HOTFIX": switch}
-    proc = run_python(f"import sys; print(repr(sorted(sys.modules))); print({WATCHING})", path=(REPO,), env=env)
-    modules, watching = proc.stdout.splitlines()
-    loaded = set(eval(modules))
-    assert watching == "True" and "sitecustomize" in loaded  # active: the start-up module, and no other of ours
+    proc = run_python(program(module_names, watchers), path=(REPO,), env=env)
+    loaded, watching = json_lines(proc.stdout)
+    loaded = set(loaded)
+    assert watching == 1 and "sitecustomize" in loaded  # active: the start-up module, and no other of ours
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
@@ -167,7 +195,7 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
 def test_with_stderr_closed_interpreter_start_goes_on(value):
     # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
     env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
-    code = USE + "import vllm.toy_model; print('ran')"
+    code = program(*TOYS, ran)
     proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" 2>&-', code], env=env, capture_output=True,
                           text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
@@ -188,7 +216,7 @@ def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(tmp_path, 
     read, write = os.pipe()
     os.close(read)  # a pipe whose reader has gone: a write raises BrokenPipeError
     with open(os.devnull) if stderr == "read-only" else open(write, "w", closefd=False) as err:
-        proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, stdout=subprocess.PIPE, stderr=err,
+        proc = subprocess.run([sys.executable, "-c", program(ran)], env=env, stdout=subprocess.PIPE, stderr=err,
                               text=True, timeout=60)
     os.close(write)
     assert (proc.returncode, proc.stdout) == (0, "ran\n")

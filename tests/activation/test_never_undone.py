@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import zipfile
+from functools import partial
 
 import pytest
 
@@ -19,7 +20,17 @@ import dspark_hotfix
 from dspark_hotfix import cli
 from tests.activation import interrupts
 from tests.activation.children import JUDGED, JUDGED_LINE, WRAPPED
-from tests.conftest import IMAGE_CUSTOMISATION, REPO, call_in_child, child, json_lines, state_of, summary_lines
+from tests.child import environ
+from tests.conftest import (
+    IMAGE_CUSTOMISATION,
+    REPO,
+    call_in_child,
+    child,
+    json_lines,
+    program,
+    state_of,
+    summary_lines,
+)
 from tests.toys import GREETING, PLANNER
 
 
@@ -36,7 +47,7 @@ def test_an_interrupted_plugin_activation_is_whole_when_the_interrupt_arrives(at
     said, depth, rows = json_lines(proc.stdout)
     assert said == ["interrupted"], proc.stderr
     assert depth == WRAPPED  # each target wrapped once: nothing undone, nothing orphaned
-    assert {name: row["state"] for name, row in rows.items()} == JUDGED  # type: ignore[union-attr]
+    assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert [state_of(line) for line in summary_lines(proc.stderr)] == [JUDGED_LINE]
 
 
@@ -56,7 +67,7 @@ def test_an_interrupt_in_a_hook_during_its_modules_import_leaves_the_retried_imp
     said, depth, rows = json_lines(proc.stdout)
     assert said == ["interrupted"], proc.stderr
     assert depth == WRAPPED
-    assert {name: row["state"] for name, row in rows.items()} == JUDGED  # type: ignore[union-attr]
+    assert {name: row["state"] for name, row in rows.items()} == JUDGED
 
 
 def test_a_forked_child_never_waits_for_an_import_a_thread_of_its_parent_was_making():
@@ -65,8 +76,8 @@ def test_a_forked_child_never_waits_for_an_import_a_thread_of_its_parent_was_mak
     proc = in_child(interrupts.fork_while_a_thread_imports)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (rows,) = json_lines(proc.stdout)
-    assert rows[GREETING.name][0] == "patched", rows  # type: ignore[index]
-    state, detail = rows[PLANNER.name]  # type: ignore[index]
+    assert rows[GREETING.name][0] == "patched", rows
+    state, detail = rows[PLANNER.name]
     assert state == "pending" and "still being imported" in detail and "fork" in detail, rows
 
 
@@ -80,13 +91,19 @@ def test_a_zipped_start_up_directory_or_a_directory_named_sitecustomize_ahead_st
     image = tmp_path / "image"
     image.mkdir()
     (image / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
-    code = "import os, sys; print(os.environ.get('IMAGE_SITECUSTOMIZE'), sys.modules['sitecustomize'].__file__)"
+    code = program(partial(environ, "IMAGE_SITECUSTOMIZE"), sitecustomize_file)
     startup = REPO / "dspark_hotfix" / "startup"
     for path in ((archive, image), (tmp_path / "empty", startup, image)):
         proc = child(code, path=path)
         assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-2000:]
-        ran, ours = proc.stdout.split()
+        ran, ours = json_lines(proc.stdout)
         assert ran == "ran" and ours.endswith("sitecustomize.py") and str(image) not in ours
+
+
+def sitecustomize_file() -> str:
+    import sys
+
+    return sys.modules["sitecustomize"].__file__ or ""
 
 
 def test_a_probe_that_cannot_tell_leaves_vllm_as_shipped_and_the_verdict_undecided(shim, capsys):

@@ -15,21 +15,24 @@ from pathlib import Path
 import pytest
 
 from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST
+from tests.child import import_toy_targets, load_plugins, package_file, print_status
 from tests.conftest import (
     STANDIN,
-    STATUS,
     clean_env,
+    json_lines,
     last_json,
+    program,
     run_in_venv,
     startup_dir,
     state_of,
     summary_lines,
 )
-from tests.toys import IMPORT
 
 # VLLM_PLUGINS with a space: vLLM does not strip its entries.
 
 SPACED = "other, dspark_hotfix"
+# The toys from the checkout, put last on the child's path (USE_LAST): the package is the wheel's, in the venv.
+PLUGINS = program(USE_LAST, import_toy_targets, load_plugins, print_status)
 
 
 def in_venv(venv: dict, *args: str, path: tuple[Path | str, ...] = (STANDIN,), **env: str):
@@ -49,38 +52,37 @@ def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv)
 
 
 def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):
-    code = USE_LAST + IMPORT + "import vllm.plugins; vllm.plugins.load_general_plugins()\n" + STATUS
-    proc = in_venv(venv, str(venv["python"]), "-c", code, VLLM_PLUGINS=SPACED)
+    proc = in_venv(venv, str(venv["python"]), "-c", PLUGINS, VLLM_PLUGINS=SPACED)
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"disabled"}, rows  # as vLLM 0.25.0 does: not loaded
     assert all(r["detail"] == "not installed in this process" for r in rows.values())
 
 
-PACKAGE = "import dspark_hotfix; print(dspark_hotfix.__file__)\n"
-PLUGINS = "import vllm.plugins; vllm.plugins.load_general_plugins()\n"
-# The toys from the checkout, put last on the child's path: the package is the wheel's, in the venv.
-TOYS = USE_LAST
-
-
 def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
-    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS + PACKAGE, path=(STANDIN,))
+    proc = run_in_venv(venv, program(USE_LAST, import_toy_targets, load_plugins, print_status, package_file),
+                       path=(STANDIN,))
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout.splitlines()[-2])
+    rows, package = json_lines(proc.stdout)
     assert {n: r["state"] for n, r in rows.items()} == JUDGED
-    assert proc.stdout.splitlines()[-1].startswith(str(venv["purelib"]))  # the wheel's package, not the checkout's
+    assert package.startswith(str(venv["purelib"]))  # the wheel's package, not the checkout's
     assert {r["activated_by"] for r in rows.values()} == {"vllm-plugin"}
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    proc = run_in_venv(venv, TOYS + "import vllm\n" + PLUGINS + IMPORT + STATUS, path=(STANDIN,))
+    proc = run_in_venv(venv, program(USE_LAST, import_vllm, load_plugins, import_toy_targets, print_status),
+                       path=(STANDIN,))
     assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED, proc.stderr
+
+
+def import_vllm() -> None:
+    import vllm  # noqa: F401
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
                                           ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
-    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS, path=(STANDIN,), **env)
+    proc = run_in_venv(venv, PLUGINS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"disabled"}
     assert all(why in r["detail"] for r in rows.values())
@@ -88,7 +90,7 @@ def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
 
 
 def test_both_paths_share_one_installer(venv):
-    proc = run_in_venv(venv, TOYS + IMPORT + PLUGINS + STATUS, path=(startup_dir(venv), STANDIN))
+    proc = run_in_venv(venv, PLUGINS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == JUDGED_LINE  # one activation's lines

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import ast
 import json
+from functools import partial
 
 import pytest
 
 from tests.activation import installs
-from tests.activation.children import JUDGED, JUDGED_LINE, WRAPPED
-from tests.conftest import REPO, STANDIN, call_in_child, json_lines, last_json, run_python, state_of, summary_lines
-from tests.toys import GREETING, IMPORT, PLANNER, TOYS, USE
+from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAPPED
+from tests.child import import_toy_targets
+from tests.conftest import (
+    REPO,
+    STANDIN,
+    call_in_child,
+    json_lines,
+    last_json,
+    program,
+    run_python,
+    state_of,
+    summary_lines,
+)
+from tests.toys import GREETING, PLANNER, TOYS
 
 
 def test_a_second_activation_waits_for_the_first():
@@ -50,27 +62,38 @@ def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
     # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported
     # from the checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
     # The toys come from the checkout, which the child then forgets: what it imports after is the shim's doing.
-    code = f"import sys; sys.path.insert(0, {str(REPO)!r})\n" + USE + """
-sys.path.remove(REPO)
-for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
-    del sys.modules[name]
-""".replace("REPO", repr(str(REPO))) + IMPORT + """
-import importlib, json, sys
-import dspark_hotfix
-found = {}
-for name in ("tests", "bench", "scripts", "harness"):
-    try:
-        importlib.import_module(name)
-        found[name] = True
-    except ImportError:
-        found[name] = False
-print(json.dumps([found, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}, sys.path]))
-"""
+    code = program(USE_LAST, partial(forget_checkout, str(REPO)), import_toy_targets, exposed)
     startup = REPO / "dspark_hotfix" / "startup"
-    found, states, path = json.loads(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
+    found, states, path = last_json(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
     assert found == {"tests": False, "bench": False, "scripts": False, "harness": False}
     assert states == JUDGED
     assert str(REPO) not in path
+
+
+def forget_checkout(repo: str) -> None:
+    """The checkout off ``sys.path`` again, and the tests' modules forgotten."""
+    import sys
+
+    sys.path.remove(repo)
+    for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
+        del sys.modules[name]
+
+
+def exposed() -> list[object]:
+    """Which of the checkout's other top-level packages this process can import; each patch's state; sys.path."""
+    import importlib
+    import sys
+
+    import dspark_hotfix
+
+    found = {}
+    for name in ("tests", "bench", "scripts", "harness"):
+        try:
+            importlib.import_module(name)
+            found[name] = True
+        except ImportError:
+            found[name] = False
+    return [found, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}, sys.path]
 
 
 def test_hooks_fire_when_installed_after_vllm_is_imported():
@@ -98,7 +121,7 @@ def test_an_interrupt_during_activation_leaves_none_and_the_retry_activates_whol
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "interrupted"
     rows = last_json(proc.stdout)
-    assert {name: row["state"] for name, row in rows.items()} == JUDGED  # type: ignore[union-attr]
+    assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert [state_of(line) for line in summary_lines(proc.stderr)] == [JUDGED_LINE]
 
 

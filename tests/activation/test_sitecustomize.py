@@ -9,28 +9,42 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 
 from dspark_hotfix import __version__
-from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAP_DEPTH, WRAPPED
+from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAPPED
+from tests.child import (
+    environ,
+    import_toy_targets,
+    package_file,
+    print_status,
+    run_cli,
+    sys_path,
+    use_toys,
+    watchers,
+    wrap_depths,
+)
 from tests.conftest import (
     REPO,
     STANDIN,
-    STATUS,
     child,
     copy_of_shim,
     json_lines,
     last_json,
+    program,
     run_python,
     summary_lines,
     warning_lines,
 )
-from tests.toys import GREETING, IMPORT, NAMES, USE
+from tests.toys import GREETING, NAMES
+
+TOYS = (use_toys, import_toy_targets)  # a child's first steps: the toys as its patch set, their targets imported
 
 
 def test_pythonpath_activation_patches_every_target_on_import():
-    proc = run_python(USE + IMPORT + STATUS)
+    proc = run_python(program(*TOYS, print_status))
     rows = last_json(proc.stdout)
     assert {n: rows[n]["state"] for n in NAMES} == JUDGED
     assert all(rows[n]["activated_by"] == "sitecustomize" for n in NAMES)
@@ -48,18 +62,17 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
     (other / "sitecustomize.py").write_text(
         "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
     )
-    proc = run_python(USE + IMPORT + STATUS + "\nimport os; print(os.environ.get('SHADOWED'))",
-                      path=(REPO, STANDIN, other))
+    proc = run_python(program(*TOYS, print_status, partial(environ, "SHADOWED")), path=(REPO, STANDIN, other))
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
-    assert proc.stdout.strip().splitlines()[-1] == "1"
-    assert last_json("\n".join(proc.stdout.strip().splitlines()[:-1]))[GREETING.name]["state"] == "patched"
+    rows, shadowed = json_lines(proc.stdout)
+    assert shadowed == "1" and rows[GREETING.name]["state"] == "patched"
 
 
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
-    proc = run_python(USE + IMPORT + STATUS, path=(REPO, STANDIN, other))
+    proc = run_python(program(*TOYS, print_status), path=(REPO, STANDIN, other))
     assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
     assert last_json(proc.stdout)[GREETING.name]["state"] == "patched"
 
@@ -69,8 +82,6 @@ STARTUP = REPO / "dspark_hotfix" / "startup"
 
 # Ours boots once, whatever alias of its start-up directory is on the path.
 
-DOCTOR = "from dspark_hotfix import cli; raise SystemExit(cli.main(['doctor', '--json']))"
-
 
 def ours(file: str | None) -> bool:
     return file is not None and os.path.realpath(file) == os.path.realpath(STARTUP / "sitecustomize.py")
@@ -79,18 +90,16 @@ def ours(file: str | None) -> bool:
 def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(STARTUP, target_is_directory=True)
-    code = (USE_LAST + IMPORT + STATUS + "import os, sys; print(json.dumps([os.environ['PYTHONPATH'], "
-            "sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)]))")
+    code = program(USE_LAST, import_toy_targets, print_status, partial(environ, "PYTHONPATH"), watchers)
     proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code), path=(link, STANDIN),
                  cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    launched_path, watchers = last_json(proc.stdout)
+    rows, launched_path, watching = json_lines(proc.stdout)
     # Both aliases reach the command (ours first); chain() takes the link off sys.path while it imports.
     assert launched_path.split(os.pathsep) == [str(STARTUP), str(link), str(STANDIN)]
     # `python -v` says each module it executes: our sitecustomize once, no second copy chained through the link.
     assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
-    assert watchers == 1
-    rows = json.loads(proc.stdout.splitlines()[-2])
+    assert watching == 1
     assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
 
@@ -98,7 +107,8 @@ def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once
 def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ours_once():
     # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented way to
     # deploy it): the launcher puts the start-up directory first and keeps the root.
-    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", USE + DOCTOR),
+    code = program(use_toys, partial(run_cli, "doctor", "--json"))
+    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code),
                  path=(REPO, STANDIN), cwd=STANDIN)
     report = json.loads(proc.stdout)
     assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
@@ -119,8 +129,9 @@ def shadowed(tmp_path):
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     # The image's customisation runs at start-up, before the child's code (and without the checkout on sys.path:
     # chain() takes ours off while it imports): the toys are its patch set there.
-    other = shadowed(USE_LAST + "import vllm.toy_model\nsys.stderr.write('image customisation imported vllm\\n')\n")
-    proc = run_python(IMPORT + WRAP_DEPTH + STATUS, path=(REPO, STANDIN, other))
+    other = shadowed(program(USE_LAST, import_toy_targets)
+                     + "import sys\nsys.stderr.write('image customisation imported vllm\\n')\n")
+    proc = run_python(program(import_toy_targets, wrap_depths, print_status), path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
@@ -128,9 +139,9 @@ def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
     other = shadowed("import sys\nsys.path.append('/opt/image/extra')\nsys.path.insert(0, '/opt/image/first')\n")
-    code = "import sys, json; print(json.dumps(sys.path))"
-    with_shim = json.loads(run_python(code, path=(REPO, STANDIN, other), cwd=tmp_path).stdout)
-    without = json.loads(run_python(code, path=(STANDIN, other), cwd=tmp_path).stdout)
+    code = program(sys_path)
+    with_shim = last_json(run_python(code, path=(REPO, STANDIN, other), cwd=tmp_path).stdout)
+    without = last_json(run_python(code, path=(STANDIN, other), cwd=tmp_path).stdout)
     assert "/opt/image/extra" in with_shim and "/opt/image/first" in with_shim
     assert [p for p in with_shim if p != str(REPO)] == without
 
@@ -139,15 +150,12 @@ def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_p
 def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     copy = copy_of_shim(tmp_path / "copy")
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
-    # The child's USE imports the package before vLLM does, from the first copy on the path (the working
+    # The child's use_toys imports the package before vLLM does, from the first copy on the path (the working
     # directory is neither), as the start-up hook would at vLLM's import.
-    watchers = "import sys; print(sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))\n"
-    package = "import dspark_hotfix; print(json.dumps(dspark_hotfix.__file__))"
-    code = watchers + USE + IMPORT + WRAP_DEPTH + STATUS + package
+    code = program(watchers, *TOYS, wrap_depths, print_status, package_file)
     proc = run_python(code, path=(*shims, STANDIN), cwd=tmp_path)
-    assert proc.stdout.splitlines()[0] == "1"  # the second copy's start-up found the first one's watcher
-    depth, rows = json_lines(proc.stdout)
-    package = json.loads(proc.stdout.splitlines()[-1])
+    watching, depth, rows, package = json_lines(proc.stdout)
+    assert watching == 1  # the second copy's start-up found the first one's watcher
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
     assert package.startswith(str(shims[0]))  # the first copy wins; the second only chains
@@ -160,8 +168,8 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     lonely = tmp_path / "a" / "b" / "c"
     lonely.mkdir(parents=True)
     shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", lonely / "sitecustomize.py")
-    proc = run_python("import vllm; print('started')", path=(lonely, STANDIN), cwd=tmp_path)
-    assert proc.stdout.strip() == "started"
+    proc = run_python(program(import_vllm), path=(lonely, STANDIN), cwd=tmp_path)
+    assert proc.stdout.strip() == "vllm imported"
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
     assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
@@ -175,7 +183,12 @@ def test_a_sourceless_install_chains_the_image_sitecustomize_once(tmp_path, shad
     for source in shim.rglob("*.py"):
         source.unlink()
     other = shadowed("print('image sitecustomize ran')\n")
-    code = "print('ran'); import sys; print(sum(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))"
-    proc = run_python(code, path=(shim / "dspark_hotfix" / "startup", other), check=False)
+    proc = run_python(program(watchers), path=(shim / "dspark_hotfix" / "startup", other), check=False)
     assert proc.returncode == 0 and "RecursionError" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == ["image sitecustomize ran", "ran", "1"]
+    assert proc.stdout.splitlines() == ["image sitecustomize ran", "1"]
+
+
+def import_vllm() -> None:
+    import vllm  # noqa: F401
+
+    print("vllm imported")

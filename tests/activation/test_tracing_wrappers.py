@@ -11,22 +11,32 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from scripts.venvs import cache_dir
 from tests.cache import unavailable
-from tests.conftest import REPO, STANDIN, clean_env, run_in_env
-from tests.toys import USE
+from tests.child import run_cli, use_toys
+from tests.conftest import REPO, STANDIN, clean_env, program, run_in_env
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
 TOOLS = ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1", "ddtrace==4.16.0")
 OFFLINE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
            "Max retries exceeded")
-PROBE = ("import json, sys; print(json.dumps({'shim': any(type(f).__name__ == 'VllmImportWatcher' for f in "
-         "sys.meta_path), 'otel': 'opentelemetry.instrumentation.auto_instrumentation' in sys.modules, "
-         "'ddtrace': 'ddtrace.bootstrap.sitecustomize' in sys.modules or 'ddtrace' in sys.modules}))")
+
+
+def active() -> dict[str, bool]:
+    """Whether the shim (its watcher on sys.meta_path) and each tool (its start-up module) is active here."""
+    import sys
+
+    return {"shim": any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path),
+            "otel": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
+            "ddtrace": "ddtrace.bootstrap.sitecustomize" in sys.modules or "ddtrace" in sys.modules}
+
+
+PROBE = program(active)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +68,7 @@ def env(tools: Path, *path: Path | str) -> dict[str, str]:
 
 LAUNCHER = ("python", "-m", "dspark_hotfix", "run", "--")
 # `dspark-hotfix doctor --json` on the toy patches (REPO is on the child's path).
-DOCTOR = ("python", "-c", USE + "from dspark_hotfix import cli; raise SystemExit(cli.main(['doctor', '--json']))")
+DOCTOR = ("python", "-c", program(use_toys, partial(run_cli, "doctor", "--json")))
 
 
 def test_run_refuses_to_start_opentelemetry_instrument_and_names_the_order_that_works(tools, tmp_path):

@@ -4,25 +4,26 @@ Dockerfile installs) and the newest 2.x (the packaging venv's, as pip resolves t
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-
 import wrapt
 
-from tests.conftest import run_in_venv
+from tests.conftest import json_lines, program, run_in_venv
 
-# What the registry reads or replaces, and what each must be.
-CHECK = """
-import json, threading, wrapt.importer as i
-print(json.dumps({
-    "version": __import__("wrapt").__version__,
-    "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
-    "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__ == type(threading.RLock()).__name__,
-    "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
-    "notify_pops": "_post_import_hooks.pop(" in __import__("inspect").getsource(i.notify_module_loaded),
-}))
-"""
+
+def relied_on() -> dict[str, object]:
+    """What the registry reads or replaces in this process's wrapt, and what each is."""
+    import inspect
+    import threading
+
+    import wrapt
+    import wrapt.importer as i
+
+    return {
+        "version": wrapt.__version__,
+        "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
+        "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__ == type(threading.RLock()).__name__,
+        "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
+        "notify_pops": "_post_import_hooks.pop(" in inspect.getsource(i.notify_module_loaded),
+    }
 
 
 def expected(version: str) -> dict:
@@ -30,15 +31,12 @@ def expected(version: str) -> dict:
 
 
 def test_the_wrapt_of_this_venv_has_what_the_registry_relies_on():
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(CHECK, {})
-    assert json.loads(out.getvalue()) == expected(wrapt.__version__)
+    assert relied_on() == expected(wrapt.__version__)
     assert wrapt.__version__.startswith("1.17")
 
 
 def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
-    proc = run_in_venv(venv, CHECK)
+    proc = run_in_venv(venv, program(relied_on))
     assert proc.returncode == 0, proc.stderr
-    found = json.loads(proc.stdout)
+    (found,) = json_lines(proc.stdout)
     assert found["version"].startswith("2.") and found == expected(found["version"])

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,15 +31,41 @@ import pytest
 from dspark_hotfix import state
 from dspark_hotfix.patches import ALL
 from tests import status_shape
-from tests.conftest import REPO, STANDIN, clean_env
+from tests.child import import_modules
+from tests.conftest import REPO, STANDIN, clean_env, program
 
 DOCS = ("README.md", "docs/OPERATORS.md")
 BLOCK = re.compile(r"^( *)```sh\n(.*?)^\1```", re.MULTILINE | re.DOTALL)  # indented ones too (in a list)
 UNINSTALL = "pip uninstall -y dspark-hotfix"
+TARGETS = partial(import_modules, status_shape.target_modules())  # a child's step: every patch's target module
+
+
+def stub_says() -> None:
+    """What the shim did in this process, on a line of its own."""
+    import json
+    import sys
+
+    import dspark_hotfix
+
+    print("vllm-stub " + json.dumps({"status": dspark_hotfix.status(), "sys_path": sys.path}))
+
+
+def shim_gone() -> list[bool]:
+    """Whether the package can no longer be found, and whether it was imported here."""
+    import importlib.util
+    import sys
+
+    return [importlib.util.find_spec("dspark_hotfix") is None, "dspark_hotfix" in sys.modules]
+
+
+def site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
 # A `vllm` command: imports every patch's target module, then says what the shim did.
-STUB = "#!{python}\nimport json, sys\n" + status_shape.import_targets() + """import dspark_hotfix
-print("vllm-stub " + json.dumps({"status": dspark_hotfix.status(), "sys_path": sys.path}))
-"""
+STUB = "#!{python}\n" + program(TARGETS, stub_says)
 
 
 def recipes() -> list[tuple[str, int, str]]:
@@ -53,8 +80,8 @@ def image(tmp_path_factory, wheel) -> dict:
     python = root / "venv" / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "wrapt==1.17.3"],
                    check=True)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = json.loads(subprocess.run([str(python), "-c", program(site_packages)], check=True, capture_output=True,
+                                        text=True).stdout)
     Path(purelib, "vllm-standin.pth").write_text(f"{STANDIN}\n")
     vllm = root / "venv" / "bin" / "vllm"
     vllm.write_text(STUB.replace("{python}", str(python)))
@@ -91,10 +118,9 @@ def test_recipe_runs_and_patches_every_vllm_it_starts(image, wheel, doc, n, bloc
             assert "" not in seen["sys_path"] and str(image["checkout"]) not in seen["sys_path"], seen["sys_path"]
     if UNINSTALL in block:
         python = str(image["bin"] / "python")
-        gone = subprocess.run([python, "-c", "import importlib.util as u, vllm.models.deepseek_v4.attention, sys; "
-                               "print(u.find_spec('dspark_hotfix'), 'dspark_hotfix' in sys.modules)"],
+        gone = subprocess.run([python, "-c", program(TARGETS, shim_gone)],
                               env=env, cwd=image["other"], capture_output=True, text=True, check=True)
-        assert gone.stdout.split() == ["None", "False"] and "dspark_hotfix" not in gone.stderr, gone
+        assert json.loads(gone.stdout) == [True, False] and "dspark_hotfix" not in gone.stderr, gone
         subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheel)],
                        check=True)  # back, for the blocks after this one
 
@@ -149,8 +175,11 @@ def test_the_changelog_names_each_release_by_the_commit_that_set_its_version():
     text = (REPO / "CHANGELOG.md").read_text()
     sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
     assert sections[0] == "Unreleased", sections
-    releases = [re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d), commit ([0-9a-f]{7,})\)", s) for s in sections[1:]]
-    assert all(releases), sections
+    releases = []
+    for section in sections[1:]:
+        release = re.fullmatch(r"(\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d), commit ([0-9a-f]{7,})\)", section)
+        assert release is not None, sections
+        releases.append(release)
     assert releases[0][1] == dspark_hotfix.__version__  # a version bump adds its section
     for release in releases:
         version, date, commit = release.groups()

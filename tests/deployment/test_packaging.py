@@ -9,22 +9,24 @@ their own folders (activation, reporting, launcher).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import tarfile
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from dspark_hotfix import __version__
 from tests import status_shape
+from tests.child import environ, import_modules, print_status
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
     STANDIN,
-    STATUS,
+    json_lines,
+    program,
     run_in_venv,
     startup_dir,
 )
@@ -38,7 +40,7 @@ def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_docker
 
     from tests.conftest import REPO
 
-    fresh = run_in_venv(venv, "import wrapt; print(wrapt.__version__)").stdout.strip()
+    (fresh,) = json_lines(run_in_venv(venv, program(wrapt_version)).stdout)
     assert fresh.startswith("2."), fresh
     pinned = re.search(r"^ARG WRAPT=wrapt==(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
     assert pinned and f"wrapt=={pinned[1]}" in (REPO / "requirements-dev.txt").read_text().split()
@@ -47,18 +49,25 @@ def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_docker
     assert wrapt.__version__ == pinned[1]
 
 
+def wrapt_version() -> str:
+    import wrapt
+
+    return wrapt.__version__
+
+
 def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
     assert (venv["purelib"] / "sitecustomize.py").read_text() == IMAGE_CUSTOMISATION
 
 
 def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
-    code = status_shape.import_targets() + STATUS + "\nimport os; print(os.environ.get('IMAGE_SITECUSTOMIZE'))"
+    code = program(partial(import_modules, status_shape.target_modules()), print_status,
+                   partial(environ, "IMAGE_SITECUSTOMIZE"))
     proc = run_in_venv(venv, code, path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout.splitlines()[-2])
+    rows, image = json_lines(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert proc.stdout.splitlines()[-1] == "ran"
+    assert image == "ran"
 
 
 def clone(root: Path, umask: int, mtime: int) -> Path:
@@ -119,7 +128,8 @@ def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):
         names = sdist.getnames()
         assert not any(name.endswith("/stray.py") for name in names), names
         (member,) = [name for name in names if name.endswith("/dspark_hotfix/__init__.py")]
-        assert sdist.extractfile(member).read() == committed
+        extracted = sdist.extractfile(member)
+        assert extracted is not None and extracted.read() == committed
 
 
 def dist_module():

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from dspark_hotfix.cli import main
 from tests.activation.children import USE_LAST
+from tests.child import run_cli
 from tests.conftest import (
     REPO,
     STANDIN,
     edited_standin,
     in_fresh_process,
+    program,
     run_in_venv,
     run_python,
     startup_dir,
 )
 from tests.toys import GREETING, module_file
 
-CLI = "import sys; from dspark_hotfix.cli import main; sys.exit(main(sys.argv[1:]))"
 STARTUP = REPO / "dspark_hotfix" / "startup"
 FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 
@@ -27,7 +29,7 @@ FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 def cli(*args: str, path=(STARTUP, STANDIN), env: dict[str, str] | None = None):
     """The command line in a child with the start-up directory on its path, on the toy patches: forked
     (tests.conftest.in_fresh_process), or with ``env`` (a start of its own each) a fresh interpreter."""
-    code = USE_LAST + f"sys.argv[1:] = {list(args)!r}\n" + CLI
+    code = program(USE_LAST, partial(run_cli, *args))
     if env:
         return run_python(code, path=path, env=env, check=False)
     return in_fresh_process(code, path=path, timeout=120)

@@ -5,7 +5,6 @@ sys.meta_path)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,21 +13,31 @@ import pytest
 from dspark_hotfix import __version__
 from dspark_hotfix.cli import interpreter_options
 from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST
+from tests.child import import_toy_targets, print_status, ran, sys_path
 from tests.conftest import (
     REPO,
     STANDIN,
-    STATUS,
     clean_env,
+    json_lines,
+    program,
     run_in_env,
     run_in_venv,
     startup_dir,
     state_of,
     summary_lines,
 )
-from tests.toys import IMPORT
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
-PROBE = "import sys; print('ACTIVE', any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path))"
+
+
+def say_active() -> None:
+    """Whether the shim is active in this process (a watcher of its on sys.meta_path), as ``ACTIVE True``."""
+    import sys
+
+    print("ACTIVE", any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path))
+
+
+PROBE = program(say_active)  # a command's code, or a script's or module's body
 
 
 def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
@@ -68,7 +77,7 @@ CASES = [OPTIONS[i] for i in (0, 2, 3, 5, 6, 8)]
 def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_path, args, options, kept_out_by):
     # That -I, -S and -E keep the shim out of an interpreter they start is tests/activation/test_interpreter.py's
     # test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so; here, that the launcher reads them.
-    (tmp_path / "probe.py").write_text(PROBE + "\n")
+    (tmp_path / "probe.py").write_text(PROBE)
     proc = launch(tmp_path, sys.executable, *args)
     if kept_out_by is None:
         assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
@@ -85,7 +94,7 @@ def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_pat
 
 def test_run_of_a_script_reads_the_options_of_its_shebang(tmp_path):
     script = tmp_path / "serve"
-    script.write_text(f"#!{sys.executable} -Es\n{PROBE}\n")
+    script.write_text(f"#!{sys.executable} -Es\n{PROBE}")
     script.chmod(0o755)
     proc = launch(tmp_path, str(script))
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
@@ -105,7 +114,7 @@ def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim
 
 
 def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
-    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", "print('ran')"]
+    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", program(ran)]
     for switch, said in ((None, ""), ("0", "; DSPARK_HOTFIX='0' turns the hotfix off in it")):
         env = clean_env(PYTHONPATH=str(REPO), **({"DSPARK_HOTFIX": switch} if switch else {}))
         proc = run_in_env(command, env, cwd=tmp_path)
@@ -126,22 +135,22 @@ def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
     # absolute entries already there (an empty one would put the cwd on sys.path), checks
     # the command's interpreter, says so in one line on stderr, and execs the command.
     # The toys from the checkout, last on sys.path: the shim is the wheel's.
-    code = USE_LAST + IMPORT + STATUS + "import sys; print(json.dumps(sys.path))"
+    code = program(USE_LAST, import_toy_targets, print_status, sys_path)
     proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code),
                        path=("", STANDIN, "relative/dir"))
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout.splitlines()[-2])
+    rows, path = json_lines(proc.stdout)
     assert {n: r["state"] for n, r in rows.items()} == JUDGED
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     banner, *lines = proc.stderr.splitlines()  # then the state lines: the last is the whole state
     assert banner.startswith("dspark_hotfix ") and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
     assert len(summary_lines("\n".join(lines))) == len(lines) and state_of(lines[-1]).endswith(JUDGED_LINE)
-    assert "relative/dir" not in json.loads(proc.stdout.splitlines()[-1])
+    assert "relative/dir" not in path
 
 
 def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(venv, bare_venv):
     python = bare_venv / "bin" / "python"
-    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", str(python), "-c", "print('ran')"))
+    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", str(python), "-c", program(ran)))
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert f"{python} (the interpreter of" in proc.stderr
     assert f"{python} -m pip install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
@@ -150,7 +159,7 @@ def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_m
 def test_run_of_a_script_behind_env_reads_the_python_that_env_finds(tmp_path):
     python = Path(sys.executable)
     script = tmp_path / "serve"
-    script.write_text(f"#!/usr/bin/env {python.name}\n{PROBE}\n")
+    script.write_text(f"#!/usr/bin/env {python.name}\n{PROBE}")
     script.chmod(0o755)
     proc = launch(tmp_path, str(script), env=clean_env(PYTHONPATH=str(REPO), PATH=f"{python.parent}:/usr/bin:/bin"))
     assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
@@ -159,7 +168,7 @@ def test_run_of_a_script_behind_env_reads_the_python_that_env_finds(tmp_path):
 
 def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_path):
     script = tmp_path / "serve"
-    script.write_text(f"#!/usr/bin/env -S -i {sys.executable}\n{PROBE}\n")
+    script.write_text(f"#!/usr/bin/env -S -i {sys.executable}\n{PROBE}")
     script.chmod(0o755)
     proc = launch(tmp_path, str(script))
     assert proc.stdout == "ACTIVE False\n", proc.stderr  # what the launcher cannot change

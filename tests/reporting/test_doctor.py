@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from dspark_hotfix.doctor import render
+from tests.child import run_cli, use_toys
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -23,23 +25,26 @@ from tests.conftest import (
     clean_env,
     copy_of_shim,
     edited_standin,
+    program,
     run_in_env,
     run_in_venv,
     run_python,
     startup_dir,
 )
 from tests.reporting.inprocess import STARTUP, as_if_started, command, report
-from tests.toys import FAREWELL, GREETING, PLANNER, USE
+from tests.toys import FAREWELL, GREETING, PLANNER
 
-# `dspark-hotfix ARGV` on the toy patches, in a fresh interpreter: python -c CLI ARGV.
-CLI = USE + "import sys; from dspark_hotfix.cli import main; raise SystemExit(main(sys.argv[1:]))"
+
+def cli(*argv: str) -> str:
+    """The ``-c`` code of ``dspark-hotfix *argv`` on the toy patches, in a fresh interpreter."""
+    return program(use_toys, partial(run_cli, *argv))
 
 
 def doctor(cwd: Path, path: tuple[Path | str, ...], *flags: str, **env: str):
     """``dspark-hotfix doctor`` in a fresh interpreter from ``cwd``: the checkout last on PYTHONPATH holds the
     package and the toys (start-up imports the package only where vLLM is imported)."""
     full = clean_env(PYTHONPATH=os.pathsep.join(str(p) for p in (*path, REPO)), **env)
-    return run_in_env([sys.executable, "-c", CLI, "doctor", *flags], full, cwd=cwd)
+    return run_in_env([sys.executable, "-c", cli("doctor", *flags)], full, cwd=cwd)
 
 
 def image(root: Path, body: str) -> Path:
@@ -108,7 +113,7 @@ def test_status_leaves_no_series_of_its_own_in_a_servers_multiprocess_directory(
     # vLLM imports prometheus_client, as the stand-in does not.
     imports = ("__version__ =", "import prometheus_client\n__version__ =")
     standin = edited_standin(tmp_path / "standin", {"vllm/__init__.py": [imports]})
-    proc = run_python("import sys; sys.argv[1:] = ['status']\n" + CLI, path=(STARTUP, standin, REPO),
+    proc = run_python(cli("status"), path=(STARTUP, standin, REPO),
                       env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)}, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert list(metrics.iterdir()) == []
@@ -126,7 +131,7 @@ def toys_only(tmp_path) -> Path:
 
 
 def test_doctor_json_against_the_standin_says_needed_and_active(venv, toys_only):
-    proc = run_in_venv(venv, "import sys; sys.argv[1:] = ['doctor', '--json']\n" + CLI,
+    proc = run_in_venv(venv, cli("doctor", "--json"),
                        path=(startup_dir(venv), STANDIN, toys_only))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr

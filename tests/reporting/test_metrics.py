@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import types
+from functools import partial
 
 import pytest
 
@@ -25,6 +26,7 @@ import dspark_hotfix
 from dspark_hotfix import __version__, doctor, metrics, registry
 from scripts.venvs import cache_dir
 from tests.cache import unavailable
+from tests.child import import_modules, use_toys
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -33,30 +35,27 @@ from tests.conftest import (
     in_fresh_process,
     json_lines,
     last_json,
+    program,
     run_python,
     warning_lines,
 )
 from tests.reporting.inprocess import AS_SHIPPED, activate, build
-from tests.toys import FAREWELL, GREETING, IMPORT, NAMES, PLANNER, USE, fixed, module_file
+from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, fixed, module_file
 
-# Prints the dspark_hotfix samples of a registry (the default one unless given) as one JSON line.
-SCRAPE = """
-import json as _json
-from prometheus_client import REGISTRY as _REGISTRY, generate_latest as _generate_latest
-from prometheus_client.parser import text_string_to_metric_families as _parse
-
-def scrape(registry=_REGISTRY):
-    print(_json.dumps([[s.name, s.labels, s.value] for f in _parse(_generate_latest(registry).decode())
-                       for s in f.samples if s.name.startswith('dspark_hotfix_')]))
-"""
+TARGETS = [GREETING.module, PLANNER.module]  # every toy target module, as an engine core imports vLLM's
 
 
 def samples(registry=None) -> list:
     """The dspark_hotfix samples of a registry of this process (the default one unless given)."""
     from prometheus_client import REGISTRY, generate_latest
+
+    return exposed(generate_latest(registry or REGISTRY).decode())
+
+
+def exposed(text: str) -> list:
+    """The dspark_hotfix samples of a scrape's text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = generate_latest(registry or REGISTRY).decode()
     return [[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples
             if s.name.startswith("dspark_hotfix_")]
 
@@ -164,9 +163,17 @@ def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_run
 # What prometheus_client decides as it is imported, in fresh processes (tests.conftest.in_fresh_process).
 
 def test_the_shim_never_imports_prometheus_client():
-    shown = "print(dspark_hotfix.status()['patches'][0]['state'], 'prometheus_client' in sys.modules)\n"
-    proc = in_fresh_process(USE + "import sys, vllm\n" + IMPORT + "import dspark_hotfix\n" + shown)
-    assert proc.returncode == 0 and proc.stdout.split() == ["patched", "False"], proc.stderr
+    proc = in_fresh_process(program(use_toys, partial(import_modules, ["vllm", *TARGETS]), state_and_prometheus))
+    assert proc.returncode == 0 and last_json(proc.stdout) == ["patched", False], proc.stderr
+
+
+def state_and_prometheus() -> list[object]:
+    """The first patch's state, and whether prometheus_client is imported."""
+    import sys
+
+    import dspark_hotfix
+
+    return [dspark_hotfix.status()["patches"][0]["state"], "prometheus_client" in sys.modules]
 
 
 def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
@@ -174,16 +181,14 @@ def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
     # the engine core (here: every target imported) writes its files, an API server collects them all.
     directory = str(tmp_path / "prometheus")
     os.mkdir(directory)
-    engine = run_python(USE + "import os, vllm, prometheus_client\n" + IMPORT + "print(os.getpid())\n",
+    engine = run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), pid),
                         env={"PROMETHEUS_MULTIPROC_DIR": directory})
-    api = run_python(USE + SCRAPE + "import os, vllm, prometheus_client\nfrom prometheus_client import "
-                     "CollectorRegistry, multiprocess\nregistry = CollectorRegistry()\n"
-                     "multiprocess.MultiProcessCollector(registry)\nprint([os.getpid()])\nscrape(registry)\n"
-                     "multiprocess.mark_process_dead(" + engine.stdout.strip() + ")\nscrape(registry)\n",
-                     env={"PROMETHEUS_MULTIPROC_DIR": directory})
-    (api_pid,), both, after = json_lines(api.stdout)  # type: ignore[misc]
-    engine_pid, api_pid = engine.stdout.strip(), str(api_pid)
-    both, after = Scrape(both), Scrape(after)  # type: ignore[arg-type]
+    engine_pid = last_json(engine.stdout)
+    api = run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client"]), pid,
+                             partial(scrapes_around_a_death, engine_pid)), env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    api_pid, (both, after) = json_lines(api.stdout)
+    engine_pid, api_pid = str(engine_pid), str(api_pid)
+    both, after = Scrape(exposed(both)), Scrape(exposed(after))
     assert both.info == {("sitecustomize", __version__, engine_pid): 1, ("sitecustomize", __version__, api_pid): 1}
     assert both.current(engine_pid) == AS_SHIPPED
     assert both.current(api_pid) == dict.fromkeys(NAMES, "pending")
@@ -192,14 +197,43 @@ def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
     assert {pid for (_, _, pid) in after.state} == {api_pid}
 
 
+def pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def scrapes_around_a_death(dead: int) -> list[str]:
+    """What an API server's MultiProcessCollector shows, before and after vLLM marks ``dead`` dead."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    before = generate_latest(registry).decode()
+    multiprocess.mark_process_dead(dead)
+    return [before, generate_latest(registry).decode()]
+
+
+def collected(directories: list[str]) -> list[str]:
+    """What one MultiProcessCollector over each of ``directories`` shows."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    scrapes = []
+    for directory in directories:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+        scrapes.append(generate_latest(registry).decode())
+    return scrapes
+
+
 def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what six pods' processes export."""
-    def pod(name: str, *processes: tuple[str, dict[str, str], tuple]) -> str:
+    def pod(name: str, *processes: tuple[list[str], dict[str, str], tuple]) -> str:
         directory = tmp_path / name
         directory.mkdir()
-        for code, env, path in processes:
-            run_python(USE + "import vllm, prometheus_client\n" + code, path=(REPO, *path),
-                       env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env})
+        for modules, env, path in processes:
+            run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *modules])),
+                       path=(REPO, *path), env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env})
         return str(directory)
 
     fixed_copy = edited_standin(tmp_path / "fixed-standin", fixed())
@@ -208,33 +242,31 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     edits = fixed()
     edits[module_file(GREETING)] = [*edits[module_file(GREETING)], signature]
     broken = edited_standin(tmp_path / "broken-standin", edits)
-    engine, api, off = (IMPORT, {}, (STANDIN,)), ("", {}, (STANDIN,)), {"DSPARK_HOTFIX": "0"}
+    engine: tuple[list[str], dict[str, str], tuple] = (TARGETS, {}, (STANDIN,))
+    api: tuple[list[str], dict[str, str], tuple] = ([], {}, (STANDIN,))
+    off = {"DSPARK_HOTFIX": "0"}
     directories = {
         "patched": pod("patched", engine, api),
-        "excluded": pod("excluded", (IMPORT, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))),
-        "fixed": pod("fixed", (IMPORT, {}, (fixed_copy,)), ("", {}, (fixed_copy,))),
+        "excluded": pod("excluded", (TARGETS, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))),
+        "fixed": pod("fixed", (TARGETS, {}, (fixed_copy,)), ([], {}, (fixed_copy,))),
         # an API server's process alone: the planner judged, the model's patches never
-        "fixed-api-server": pod("fixed-api-server", (f"import {PLANNER.module}\n", {}, (fixed_copy,))),
-        "fixed-failed": pod("fixed-failed", (IMPORT, {}, (broken,))),
-        "off": pod("off", (IMPORT, off, (STANDIN,))),
+        "fixed-api-server": pod("fixed-api-server", ([PLANNER.module], {}, (fixed_copy,))),
+        "fixed-failed": pod("fixed-failed", (TARGETS, {}, (broken,))),
+        "off": pod("off", (TARGETS, off, (STANDIN,))),
     }
     # One collector per pod, all read by one interpreter without the shim.
-    collect = ("from prometheus_client import CollectorRegistry, multiprocess\n"
-               f"for directory in {list(directories.values())!r}:\n"
-               "    r = CollectorRegistry()\n"
-               "    multiprocess.MultiProcessCollector(r, path=directory)\n"
-               "    scrape(r)\n")
-    pods = dict(zip(directories, json_lines(run_python(SCRAPE + collect, path=()).stdout), strict=True))
+    scrapes = last_json(run_python(program(partial(collected, list(directories.values()))), path=()).stdout)
+    pods = {name: exposed(text) for name, text in zip(directories, scrapes, strict=True)}
     assert pods["off"] == []
-    (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}  # type: ignore[union-attr]
-    (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}  # type: ignore[union-attr]
+    (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}
+    (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}
 
     def series(name: str, labels: dict[str, str]) -> str:
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
     where = {"namespace": "serving"}
     inputs = [{"series": series(name, {**labels, **where, "pod": p}), "values": f"{value:g}x10"}
-              for p, samples in pods.items() for name, labels, value in samples]  # type: ignore[union-attr]
+              for p, samples in pods.items() for name, labels, value in samples]
     inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p}), "values": "0x10"} for p in pods]
     needed_not_installed, could_drop, without_shim = documented_queries()
     excluded = {**where, "pod": "excluded", "patch": GREETING.name, "pid": excluded_pid}
@@ -303,87 +335,126 @@ def test_without_promtool_or_apt_get_the_alert_test_skips_with_the_reason_and_fa
     assert list(tmp_path.iterdir()) == []
 
 
-# A child forked while another thread of the parent publishes: the state lock held at the fork.
-FORKED = USE + """
-import json, os, threading, prometheus_client, vllm
-import vllm.toy_planner
-import dspark_hotfix.state as state
-held, done = threading.Event(), threading.Event()
-def publishing():  # what a thread mid-publish looks like to a fork
-    with state.lock:
-        held.set()
-        done.wait()
-threading.Thread(target=publishing, daemon=True).start()
-held.wait()
-pid = os.fork()
-if pid == 0:
-    import vllm.toy_model  # decisions in the child: they publish
-    from prometheus_client import generate_latest
-    info = [l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info{")]
-    print(json.dumps(info), flush=True)
-    os._exit(0)
-done.set()
-os.waitpid(pid, 0)
-"""
+def forked_while_publishing() -> None:
+    """A child forked while another thread of this process publishes (the state lock held at the fork) decides
+    the model's patches and prints its ``dspark_hotfix_info`` lines."""
+    import json
+    import os
+    import threading
+
+    import prometheus_client
+    import vllm.toy_planner
+
+    import dspark_hotfix.state as state
+
+    held, done = threading.Event(), threading.Event()
+
+    def publishing() -> None:  # what a thread mid-publish looks like to a fork
+        with state.lock:
+            held.set()
+            done.wait()
+
+    threading.Thread(target=publishing, daemon=True).start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        import vllm.toy_model  # noqa: F401  (decisions in the child: they publish)
+
+        text = prometheus_client.generate_latest().decode()
+        print(json.dumps([line for line in text.splitlines() if line.startswith("dspark_hotfix_info{")]), flush=True)
+        os._exit(0)
+    done.set()
+    os.waitpid(pid, 0)
 
 
 def test_a_child_forked_while_the_parent_publishes_decides_and_shows_the_shim_active():
-    proc = child(FORKED, path=(REPO, STANDIN))
+    proc = child(program(use_toys, partial(import_modules, ["vllm"]), forked_while_publishing), path=(REPO, STANDIN))
     assert proc.returncode == 0, proc.stderr
     (info,) = json_lines(proc.stdout)
     assert info == [f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], info
 
 
+def fork_deciding() -> int:
+    """A forked child that decides the model's patches; its pid."""
+    import os
+
+    import vllm.toy_planner
+
+    pid = os.fork()
+    if pid == 0:
+        import vllm.toy_model  # noqa: F401
+
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def multiprocess_info() -> list[str]:
+    """The ``dspark_hotfix_info`` lines a MultiProcessCollector shows."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return [line for line in generate_latest(registry).decode().splitlines() if line.startswith("dspark_hotfix_info")]
+
+
 def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_path):
     # prometheus_client starts a forked child's values afresh: its first decision sets info again.
-    code = (USE + "import json, os, prometheus_client, vllm\nimport vllm.toy_planner\n"
-            "pid = os.fork()\nif pid == 0:\n    import vllm.toy_model\n    os._exit(0)\n"
-            "os.waitpid(pid, 0)\nprint(pid)\n")
+    code = program(use_toys, partial(import_modules, ["vllm", "prometheus_client"]), fork_deciding)
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
-    child_pid = int(proc.stdout.split()[-1])
-    read = ("import json, sys\nfrom prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
-            "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r)\n"
-            "lines = generate_latest(r).decode().splitlines()\n"
-            "print(json.dumps([l for l in lines if l.startswith('dspark_hotfix_info')]))")
-    info = last_json(run_python(read, path=(), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}).stdout)
-    assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info  # type: ignore[union-attr]
+    child_pid = last_json(proc.stdout)
+    info = last_json(run_python(program(multiprocess_info), path=(), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+                     .stdout)
+    assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info
 
 
-# Another thread is part-way through importing prometheus_client when vLLM's import activates the shim.
-HALF_IMPORTED = USE + """
-import importlib.util, json, sys, threading, time
-started = threading.Event()
-class Slow:  # holds the other thread inside prometheus_client's import until the shim activates
-    def find_spec(self, name, path=None, target=None):
-        if name != "prometheus_client.metrics":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-        def exec_module(module):  # (a loader's exec_module runs without the global import lock)
-            started.set()
-            for _ in range(100):
-                if getattr(sys.modules.get("dspark_hotfix.registry"), "_active", None) is not None:
-                    break
-                time.sleep(0.05)
-            time.sleep(0.3)
-            run(module)
-        spec.loader.exec_module = exec_module
-        return spec
-sys.meta_path.insert(0, Slow())
-importing = threading.Thread(target=__import__, args=("prometheus_client",))
-importing.start()
-started.wait(5)
-import vllm
-""" + IMPORT + """
-importing.join()
-from prometheus_client import generate_latest
-print(json.dumps([l for l in generate_latest().decode().splitlines() if l.startswith("dspark_hotfix_info")]))
-"""
+def prometheus_client_half_imported() -> list[str]:
+    """vLLM imported (and the toys' targets) while another thread is part-way through importing
+    prometheus_client; then the ``dspark_hotfix_info`` lines of its default registry."""
+    import importlib.util
+    import sys
+    import threading
+    import time
+    from typing import Any
+
+    started = threading.Event()
+
+    class Slow:  # holds the other thread inside prometheus_client's import until the shim activates
+        def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+            if name != "prometheus_client.metrics":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            assert spec is not None and spec.loader is not None
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:  # (a loader's exec_module runs without the global import lock)
+                started.set()
+                for _ in range(100):
+                    if getattr(sys.modules.get("dspark_hotfix.registry"), "_active", None) is not None:
+                        break
+                    time.sleep(0.05)
+                time.sleep(0.3)
+                run(module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Slow())
+    importing = threading.Thread(target=__import__, args=("prometheus_client",))
+    importing.start()
+    started.wait(5)
+    import vllm.toy_model
+    import vllm.toy_planner  # noqa: F401
+
+    importing.join()
+    from prometheus_client import generate_latest
+
+    return [line for line in generate_latest().decode().splitlines() if line.startswith("dspark_hotfix_info")]
 
 
 def test_the_gauges_appear_when_another_thread_was_importing_prometheus_client_at_activation():
-    proc = in_fresh_process(HALF_IMPORTED)
+    proc = in_fresh_process(program(use_toys, prometheus_client_half_imported))
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout) == [
         f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], proc.stderr

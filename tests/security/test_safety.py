@@ -9,39 +9,36 @@ tests/switches/test_config.py.
 from __future__ import annotations
 
 import hashlib
-import json
 import marshal
 import os
 import re
 import runpy
 import sys
 import sysconfig
+from functools import partial
+from typing import Any
 
 import pytest
 
-from tests.activation.children import (
-    AS_SHIPPED,
-    CALLS,
-    JUDGED,
-    UNWRAPPED,
-    WRAP_DEPTH,
-)
+from tests.activation.children import AS_SHIPPED, JUDGED, UNWRAPPED, USE_LAST
+from tests.child import import_toy_targets, print_status, toy_calls, use_toys, watchers, wrap_depths
 from tests.conftest import (
     REPO,
     STANDIN,
-    STATUS,
-    WATCHING,
     clean_env,
     edited_standin,
     json_lines,
     last_json,
     listing,
+    program,
     run_in_env,
     run_python,
     summary_lines,
     warning_lines,
 )
-from tests.toys import IMPORT, NAMES, TOYS, USE, fixed, module_file
+from tests.toys import NAMES, TOYS, fixed, module_file
+
+STATUS = program(use_toys, import_toy_targets, print_status)  # a child's status() on the toys, their targets imported
 
 LOG_LINE = re.compile(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[dspark_hotfix\] ")
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT")
@@ -74,32 +71,39 @@ def test_nothing_in_the_working_directory_is_read_or_run(decoy_cwd, tmp_path, ho
     cwd, marks = decoy_cwd
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(STANDIN)]))
     if how == "python -c, vLLM never imported":  # the shim watches; the child reads no package of ours
-        argv, imports = [sys.executable, "-c", f"import sys; print({WATCHING})"], False
+        argv, imports = [sys.executable, "-c", program(watchers)], False
     elif how == "python prog.py":
         prog = tmp_path / "bin" / "prog.py"
         prog.parent.mkdir()
-        prog.write_text(USE + IMPORT + STATUS)
+        prog.write_text(STATUS)
         argv, imports = [sys.executable, str(prog)], True
     else:
         env["PYTHONSAFEPATH"] = "1"
-        argv, imports = [sys.executable, "-c", USE + IMPORT + STATUS], True
+        argv, imports = [sys.executable, "-c", STATUS], True
     proc = run_in_env(argv, env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     assert list(marks.iterdir()) == [] and "DECOY" not in proc.stdout + proc.stderr
     if imports:
         assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED
     else:
-        assert proc.stdout == "True\n"
+        assert proc.stdout == "1\n"  # one watcher of the shim's
 
 
-SYS_PATH = "import sys, json; print(json.dumps([sys.path, [getattr(h, '__qualname__', '') for h in sys.path_hooks]]))"
-SYS_PATH += "\n"
+def path_and_hooks() -> list[list[str]]:
+    import sys
+
+    return [list(sys.path), [getattr(h, "__qualname__", "") for h in sys.path_hooks]]
+
+
+def path_without(entry: str) -> None:
+    import sys
+
+    sys.path.remove(entry)
 
 
 def test_the_shim_adds_nothing_to_sys_path(tmp_path):
     # Without the shim on PYTHONPATH the toys come from the checkout appended last, then taken off again.
-    use = f"import sys; sys.path.append({str(REPO)!r})\n{USE}sys.path.remove({str(REPO)!r})\n"
-    code = SYS_PATH + use + IMPORT + SYS_PATH
+    code = program(path_and_hooks, USE_LAST, partial(path_without, str(REPO)), import_toy_targets, path_and_hooks)
 
     def paths(**kwargs):
         return json_lines(run_python(code, cwd=tmp_path, **kwargs).stdout)
@@ -115,9 +119,8 @@ def test_a_silent_process_writes_nothing_to_stdout_and_creates_no_files(tmp_path
     for d in dirs.values():
         d.mkdir()
     env = {"HOME": str(dirs["home"]), "TMPDIR": str(dirs["tmp"])}
-    quiet = run_python("pass", cwd=dirs["cwd"], env=env)
-    busy = run_python(USE + IMPORT + CALLS.replace("print(", "(") + "import dspark_hotfix; dspark_hotfix.status()",
-                      cwd=dirs["cwd"], env=env)
+    quiet = run_python(program(), cwd=dirs["cwd"], env=env)
+    busy = run_python(program(use_toys, work_silently), cwd=dirs["cwd"], env=env)
     assert quiet.stdout == quiet.stderr == ""
     assert busy.stdout == ""
     lines = busy.stderr.splitlines()
@@ -125,28 +128,52 @@ def test_a_silent_process_writes_nothing_to_stdout_and_creates_no_files(tmp_path
     assert all(listing(d) == {} for d in dirs.values())
 
 
-AUDITED = """
-import json, os, sys
-events = []
-WATCH = ("open", "compile", "socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-         "os.fork", "os.kill", "urllib.", "http.", "ftplib.", "smtplib.", "ctypes.", "os.putenv", "os.unsetenv",
-         "os.chdir", "os.mkdir", "os.remove", "os.rename", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
-         "os.symlink", "os.link", "os.utime", "shutil.", "tempfile.")
+def work_silently() -> None:
+    """Every toy target imported and called, and status() read, printing nothing."""
+    from types import SimpleNamespace
 
-def audit(event, args):
-    if event.startswith(WATCH):
-        events.append([PHASE, event, *(a if isinstance(a, (str, int, type(None))) else repr(a)[:300]
-                                       for a in args[:3])])
+    import vllm.toy_model
+    import vllm.toy_planner
 
-PHASE = "start-up"
-sys.addaudithook(audit)
-import site  # -S held it back: run it now, audited, exactly as interpreter start does
-site.main()
-PHASE = "vllm"
-{work}
-PHASE = "done"
-print(json.dumps(events))
-"""
+    import dspark_hotfix
+
+    vllm.toy_model.Greeter().greet("ada")
+    vllm.toy_planner.plan(SimpleNamespace(compact=False), [1, 2])
+    try:
+        vllm.toy_planner.plan(SimpleNamespace(compact=True), [1, 2])
+    except Exception:
+        pass  # the toy stop's finding
+    dspark_hotfix.status()
+
+
+def audited() -> list[list[Any]]:
+    """What start-up (run by this step: the child starts with -S) and then the shim's work on the toys did that
+    the audit hooks see, each event with its phase: ``start-up``, ``toys`` (the tests' own module read), ``vllm``."""
+    import sys
+
+    events: list[list[Any]] = []
+    phase = ["start-up"]
+    watch = ("open", "compile", "socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+             "os.fork", "os.kill", "urllib.", "http.", "ftplib.", "smtplib.", "ctypes.", "os.putenv", "os.unsetenv",
+             "os.chdir", "os.mkdir", "os.remove", "os.rename", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
+             "os.symlink", "os.link", "os.utime", "shutil.", "tempfile.")
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event.startswith(watch):
+            events.append([phase[0], event, *(a if isinstance(a, (str, int, type(None))) else repr(a)[:300]
+                                              for a in args[:3])])
+
+    sys.addaudithook(audit)
+    import site  # -S held it back: run it now, audited, exactly as interpreter start does
+
+    site.main()
+    phase[0] = "toys"
+    import tests.toys
+
+    tests.toys.use()
+    phase[0] = "vllm"
+    work_silently()
+    return list(events)  # a copy: the hook goes on seeing what the child does after
 
 
 def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing(decoy_cwd, tmp_path):
@@ -157,9 +184,7 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
     # DSPARK_HOTFIX is left alone: a value not understood turns the shim off (test above).
     env = {var: f"__import__('os').system('touch {marks / var}') # {secret}" for var in SWITCHES[1:]}
     # The toys are the patch set: their own module is the tests', read in a phase of its own.
-    work = f'PHASE = "toys"\n{USE}PHASE = "vllm"\n'
-    work += IMPORT + CALLS + "import dspark_hotfix; dspark_hotfix.status()"
-    code = AUDITED.replace("{work}", work)
+    code = program(audited, helpers=(work_silently,))
     proc = run_python(code, flags=("-S", "-P", "-B"), cwd=cwd, env={**env, "HOME": str(home)})
     events = last_json(proc.stdout)
     assert {e[0] for e in events} == {"start-up", "toys", "vllm"}  # the hook saw every phase
@@ -182,10 +207,8 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
 
 def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
     # Until a vLLM module is imported: other imports (here a package's submodule) leave the shim asleep.
-    code = ("import sys, json, xml.dom.minidom\n"
-            "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))")
-    with_shim = json.loads(run_python(code).stdout)
-    without = json.loads(run_python(code, path=(STANDIN,)).stdout)
+    with_shim = last_json(run_python(program(module_files)).stdout)
+    without = last_json(run_python(program(module_files), path=(STANDIN,)).stdout)
     stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
     ours = (str(REPO / "dspark_hotfix") + os.sep, str(REPO / "sitecustomize.py"))
     added = {name: path for name, path in with_shim.items() if name not in without}
@@ -195,29 +218,40 @@ def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
     assert [n for n, p in added.items() if p and p.startswith(ours)] == ["sitecustomize"]
 
 
-# Prints, per toy whose module is imported, what vLLM's attribute holds: its type, and its code's file and
-# digest (marshal's bytes of the code object); None where there is no such attribute.
-FINGERPRINT = """
-import hashlib as _hashlib, json as _json, marshal as _marshal, sys as _sys
-from dspark_hotfix.patches import ALL as _ALL
+def module_files() -> dict[str, str | None]:
+    """Each module's file, once a package's submodule is imported (no vLLM module: the shim stays asleep)."""
+    import sys
+    import xml.dom.minidom  # noqa: F401
 
-def _fingerprint(p):
-    *owners, name = p.qualname.split('.')
-    owner = _sys.modules[p.module]
-    for part in owners:
-        owner = getattr(owner, part)
-    f = vars(owner).get(name)
-    if f is None:
-        return None
-    code = f.__code__
-    return [type(f).__name__, code.co_filename, _hashlib.sha256(_marshal.dumps(code)).hexdigest()]
+    return {n: getattr(m, "__file__", None) for n, m in sys.modules.items()}
 
-print(_json.dumps({p.name: _fingerprint(p) for p in _ALL if p.module in _sys.modules}))
-"""
+
+def fingerprints() -> dict[str, list[str] | None]:
+    """Per patch whose module is imported, what vLLM's attribute holds: its type, and its code's file and digest
+    (marshal's bytes of the code object); None where there is no such attribute."""
+    import hashlib
+    import marshal
+    import sys
+
+    from dspark_hotfix.patches import ALL
+
+    def fingerprint(p: Any) -> list[str] | None:
+        *owners, name = p.qualname.split(".")
+        owner = sys.modules[p.module]
+        for part in owners:
+            owner = getattr(owner, part)
+        f = vars(owner).get(name)
+        if f is None:
+            return None
+        code = f.__code__
+        return [type(f).__name__, code.co_filename, hashlib.sha256(marshal.dumps(code)).hexdigest()]
+
+    return {p.name: fingerprint(p) for p in ALL if p.module in sys.modules}
 
 
 def shipped_fingerprints(root) -> dict[str, list[str] | None]:
-    """FINGERPRINT's answer for the build at ``root`` as it ships: its files compiled here, nothing else run."""
+    """:func:`fingerprints`'s answer for the build at ``root`` as it ships: its files compiled here, nothing
+    else run."""
     out: dict[str, list[str] | None] = {}
     for patch in TOYS:
         path = str(root / module_file(patch))
@@ -234,8 +268,8 @@ def untouched(build, **env: str):
     """Imports and calls the toy build at ``build`` (-B: no bytecode written): wrap depths, fingerprints, answers
     and status; and the build's files, listed before and after."""
     before = listing(build)
-    proc = run_python(USE + IMPORT + WRAP_DEPTH + FINGERPRINT + CALLS + STATUS, path=(REPO, build), flags=("-B",),
-                      env=env)
+    code = program(use_toys, import_toy_targets, wrap_depths, fingerprints, toy_calls, print_status)
+    proc = run_python(code, path=(REPO, build), flags=("-B",), env=env)
     assert listing(build) == before  # not a byte of vLLM's files written, nor a file added
     return proc, json_lines(proc.stdout)
 

@@ -12,11 +12,10 @@ import re
 import pytest
 
 from dspark_hotfix import config
-from tests.conftest import STATUS, child, json_lines
+from tests.child import import_toy_targets, print_status, shim_enabled, use_toys
+from tests.conftest import child, json_lines, program
 from tests.reporting.inprocess import AS_SHIPPED, activate
-from tests.toys import GREETING, IMPORT, NAMES, USE
-
-ENABLED = "import json, dspark_hotfix; print(json.dumps([dspark_hotfix.enabled()]))\n"
+from tests.toys import GREETING, NAMES
 
 
 def settings(**environ: str) -> config.Settings:
@@ -26,17 +25,19 @@ def settings(**environ: str) -> config.Settings:
 def test_switches_warn_once_each_with_values_cut_short():
     s = settings(DSPARK_HOTFIX="x" * 120_000, DSPARK_HOTFIX_STRICT="y" * 5000, DSPARK_HOTFIX_PATCHES="z" * 5000)
     assert len(s.problems) == 2 and all(len(p) < 400 for p in [*s.problems, s.warning])
-    assert "(120000 characters)" in s.problems[0] and "(5000 characters)" in s.warning
+    assert s.warning is not None and "(5000 characters)" in s.warning
+    assert "(120000 characters)" in s.problems[0]
 
 
 def test_a_huge_switch_value_is_cut_at_interpreter_start_and_not_echoed_whole():
-    proc = child(USE + ENABLED + IMPORT + STATUS, env={"DSPARK_HOTFIX": "x" * 120_000})
+    code = program(use_toys, shim_enabled, import_toy_targets, print_status)
+    proc = child(code, env={"DSPARK_HOTFIX": "x" * 120_000})
     assert proc.returncode == 0, proc.stderr[:500]
     enabled, rows = json_lines(proc.stdout)
-    assert enabled == [False]
+    assert enabled is False
     assert len(proc.stderr.encode()) < 400, proc.stderr[:500]
     assert "(120000 characters)" in proc.stderr
-    assert {row["state"] for row in rows.values()} == {"disabled"}  # type: ignore[union-attr]
+    assert {row["state"] for row in rows.values()} == {"disabled"}
 
 
 @pytest.mark.parametrize(
@@ -84,9 +85,10 @@ def test_the_kill_switchs_value_is_never_evaluated_at_interpreter_start(tmp_path
     # The start-up hook reads DSPARK_HOTFIX as the interpreter starts: not understood means off, said once
     # on one line of its own.
     mark = tmp_path / "pwned"
-    proc = child(USE + IMPORT + STATUS, env={"DSPARK_HOTFIX": PAYLOADS[payload].format(mark=mark)}, cwd=tmp_path)
+    proc = child(program(use_toys, import_toy_targets, print_status),
+                 env={"DSPARK_HOTFIX": PAYLOADS[payload].format(mark=mark)}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not mark.exists()
     (rows,) = json_lines(proc.stdout)
-    assert {row["state"] for row in rows.values()} == {"disabled"}  # type: ignore[union-attr]
+    assert {row["state"] for row in rows.values()} == {"disabled"}
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("dspark_hotfix: DSPARK_HOTFIX="), proc.stderr

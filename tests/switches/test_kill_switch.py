@@ -6,42 +6,28 @@ interpreter starts, so one of each kind of word, and what off leaves of vLLM, ar
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 import dspark_hotfix
-from tests.conftest import REPO, STATUS, child, json_lines
-from tests.toys import USE
-
-# Per toy target the toy build has, how many wrappers sit on its plain function in its class's (or module's)
-# __dict__: 0 untouched, 1 patched once, -1 no plain function underneath. Needs `import sys`.
-DEPTH = """
-import json as _json, types as _types
-from dspark_hotfix import patches as _patches, state as _state
-
-def _depth(f):
-    n = 0
-    while hasattr(f, '__wrapped__'):
-        f, n = f.__wrapped__, n + 1
-    return n if type(f) is _types.FunctionType else -1
-
-_found = {p.name: _state.attribute(sys.modules[p.module], p.qualname)[2]
-          for p in _patches.ALL if p.module in sys.modules}
-print(_json.dumps({name: _depth(f) for name, f in _found.items() if f is not None}))
-"""
+from tests.child import import_modules, module_names, print_status, shim_enabled, use_toys, wrap_depths
+from tests.conftest import REPO, child, json_lines, program
+from tests.toys import FAREWELL, GREETING, PLANNER
 
 
 @pytest.mark.parametrize("raw", ["0", "off"])
 def test_off_means_nothing_is_wrapped_and_nothing_is_said(raw):
     # The model's module first, then the planner's: no hook wraps later either.
-    code = USE + "import sys, vllm.toy_model\n" + DEPTH + "import vllm.toy_planner\n" + DEPTH + \
-        "print(_json.dumps(sorted(sys.modules)))\n" + STATUS
+    code = program(use_toys, partial(import_modules, ["vllm.toy_model"]), wrap_depths,
+                   partial(import_modules, ["vllm.toy_planner"]), wrap_depths, module_names, print_status)
     proc = child(code, env={"DSPARK_HOTFIX": raw})
     assert proc.returncode == 0, proc.stderr
     first, later, modules, rows = json_lines(proc.stdout)
-    assert first == {"toy_greeting": 0}  # vLLM's own plain function
-    assert later == {"toy_greeting": 0, "toy_planner": 0}
+    assert first == {GREETING.name: 0, FAREWELL.name: None}  # vLLM's own plain function
+    assert later == {GREETING.name: 0, FAREWELL.name: None, PLANNER.name: 0}
     assert "wrapt" not in modules
-    assert {r["state"] for r in rows.values()} == {"disabled"}  # type: ignore[union-attr]
+    assert {r["state"] for r in rows.values()} == {"disabled"}
     assert proc.stderr == ""
 
 
@@ -93,18 +79,14 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
     assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and lines[0].endswith(": the shim is OFF")
 
 
-ENABLED = "import dspark_hotfix; print(dspark_hotfix.enabled())\nprint(dspark_hotfix.enabled())\n"
-
-
 @pytest.mark.parametrize(("raw", "on", "said"),
-                         [(" yes ", "True", False), (" no ", "False", False), ("", "True", False),
-                          ("maybe", "False", True)],
+                         [(" yes ", True, False), (" no ", False, False), ("", True, False), ("maybe", False, True)],
                          ids=["a true word", "a false word", "blank", "another value"])
 def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
     # The start-up hook reads the switch at interpreter start with the package's own reading (switch()): the
     # same answer, and a value not understood said once in the process, not once per reading.
-    proc = child(ENABLED, env={"DSPARK_HOTFIX": raw})
-    assert proc.stdout.split() == [on, on]
+    proc = child(program(shim_enabled, shim_enabled), env={"DSPARK_HOTFIX": raw})
+    assert json_lines(proc.stdout) == [on, on]
     lines = proc.stderr.splitlines()
     assert len(lines) == said and all(f"DSPARK_HOTFIX={raw!r}" in line and line.endswith(": the shim is OFF")
                                       for line in lines), lines
@@ -112,7 +94,7 @@ def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
 
 def test_a_value_not_understood_is_said_at_interpreter_start_where_nothing_else_reads_the_switch():
     # A process that never imports vLLM nor the shim: the start-up hook says it, once.
-    proc = child("pass", env={"DSPARK_HOTFIX": "maybe"})
+    proc = child(program(), env={"DSPARK_HOTFIX": "maybe"})
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr
     (line,) = proc.stderr.splitlines()
     assert "DSPARK_HOTFIX='maybe'" in line and line.endswith(": the shim is OFF"), line

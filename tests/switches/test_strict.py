@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-import subprocess
 import sys
 import types
 
@@ -18,9 +17,10 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix import HotfixError, config
-from tests.conftest import json_lines, run_python
+from tests.child import print_status, use_toys
+from tests.conftest import json_lines, program, run_python
 from tests.reporting.inprocess import activate, build, strict
-from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, USE, module_file
+from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, module_file
 
 
 def settings(**environ: str) -> config.Settings:
@@ -83,7 +83,7 @@ def test_strict_mode_refuses_every_retried_import_of_a_broken_target(toys, monke
     build(tmp_path, monkeypatch, FAULTS["signature changed"][0])
     strict(monkeypatch)
     dspark_hotfix.install("sitecustomize")
-    errors = []
+    errors: list[str | None] = []
     for _ in range(2):
         try:
             importlib.import_module(GREETING.module)
@@ -139,28 +139,25 @@ def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_w
     assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows
 
 
-RETRIES = USE + """
-import json
-from dspark_hotfix import status
-errors = []
-for attempt in range(3):
-    try:
-        import vllm.toy_model
-        errors.append(None)
-    except Exception as exc:
-        errors.append(f"{type(exc).__name__}: {exc}")
-print(json.dumps(errors))
-print(json.dumps({row['name']: row for row in status()['patches']}))
-"""
+def import_three_times() -> list[str | None]:
+    """What each of three imports of the toy model's module raised (None: nothing)."""
+    errors: list[str | None] = []
+    for _ in range(3):
+        try:
+            import vllm.toy_model  # noqa: F401
+
+            errors.append(None)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+    return errors
 
 
-def test_strict_mode_without_wrapt_stops_every_import_naming_wrapt_and_the_remedy(tmp_path):
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    python = str(tmp_path / "venv" / "bin" / "python")
-    proc = run_python(RETRIES, python=python, env={"DSPARK_HOTFIX_STRICT": "1"})
+def test_strict_mode_without_wrapt_stops_every_import_naming_wrapt_and_the_remedy(bare_venv):
+    code = program(use_toys, import_three_times, print_status)
+    proc = run_python(code, python=str(bare_venv / "bin" / "python"), env={"DSPARK_HOTFIX_STRICT": "1"})
     errors, rows = json_lines(proc.stdout)
-    assert len(errors) == 3 and len(set(errors)) == 1, errors  # type: ignore[arg-type]
-    message = errors[0]  # type: ignore[index]
+    assert len(errors) == 3 and len(set(errors)) == 1, errors
+    message = errors[0]
     assert message.startswith("HotfixError: not active: wrapt is not usable"), message
     assert re.search(r"install wrapt|DSPARK_HOTFIX=0", message, re.IGNORECASE), f"no remedy named: {message}"
-    assert {row["state"] for row in rows.values()} == {"failed"}  # type: ignore[union-attr]
+    assert {row["state"] for row in rows.values()} == {"failed"}
