@@ -99,6 +99,31 @@ def ran() -> None:
     print("ran")
 
 
+def wrapt_version() -> str:
+    import wrapt
+
+    return wrapt.__version__
+
+
+def say_on_stderr(text: str) -> None:
+    import sys
+
+    sys.stderr.write(text + "\n")
+
+
+def set_environ(name: str, value: str) -> None:
+    import os
+
+    os.environ[name] = value
+
+
+def fail(kind: str, message: str) -> None:
+    """Raise the built-in exception ``kind`` with ``message``."""
+    import builtins
+
+    raise getattr(builtins, kind)(message)
+
+
 def import_modules(names: list[str]) -> None:
     """Each module of ``names``, in order."""
     import importlib

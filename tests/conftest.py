@@ -31,6 +31,7 @@ import pytest
 import dspark_hotfix
 import dspark_hotfix.patches
 from scripts.venvs import locked
+from tests import child as child_steps
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin"
@@ -340,7 +341,7 @@ def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = No
 # The wheel installed in a fresh venv, as an image would install it (both activation paths,
 # doctor, the launcher and packaging use it).
 
-IMAGE_CUSTOMISATION = "import os; os.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n"
+IMAGE_CUSTOMISATION = program(functools.partial(child_steps.set_environ, "IMAGE_SITECUSTOMIZE", "ran"))
 
 
 @pytest.fixture(scope="session")

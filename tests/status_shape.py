@@ -33,7 +33,3 @@ def target_modules() -> list[str]:
     every patch is judged."""
     return list(dict.fromkeys(p.module for p in dspark_hotfix.patches.ALL))
 
-
-def import_targets() -> str:
-    """Lines of a child's code that import :func:`target_modules`."""
-    return "".join(f"import {module}\n" for module in target_modules())

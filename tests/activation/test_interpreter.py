@@ -21,6 +21,7 @@ import pytest
 from dspark_hotfix.startup import sitecustomize
 from tests.activation.children import AS_SHIPPED, CORRECTED, JUDGED, UNWRAPPED, USE_LAST, WRAPPED
 from tests.child import (
+    fail,
     import_toy_targets,
     module_names,
     print_status,
@@ -159,7 +160,7 @@ def no_wrapt(request, tmp_path):
         return str(request.getfixturevalue("bare_venv") / "bin" / "python"), ()
     error = request.param.split()[-1]
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "wrapt.py").write_text(f"raise {error}('built for another Python')\n")  # names no wrapt
+    (tmp_path / "broken" / "wrapt.py").write_text(program(partial(fail, error, "built for another Python")))  # no wrapt
     return sys.executable, (tmp_path / "broken",)
 
 

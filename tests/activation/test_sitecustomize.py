@@ -17,10 +17,13 @@ from dspark_hotfix import __version__
 from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAPPED
 from tests.child import (
     environ,
+    fail,
     import_toy_targets,
     package_file,
     print_status,
     run_cli,
+    say_on_stderr,
+    set_environ,
     sys_path,
     use_toys,
     watchers,
@@ -60,8 +63,7 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text(
-        "import os, sys\nsys.stderr.write('shadowed sitecustomize ran\\n')\nos.environ['SHADOWED'] = '1'\n"
-    )
+        program(partial(say_on_stderr, "shadowed sitecustomize ran"), partial(set_environ, "SHADOWED", "1")))
     proc = run_python(program(*TOYS, print_status, partial(environ, "SHADOWED")), path=(REPO, STANDIN, other))
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
     rows, shadowed = json_lines(proc.stdout)
@@ -71,7 +73,7 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    (other / "sitecustomize.py").write_text("raise ValueError('broken image customisation')\n")
+    (other / "sitecustomize.py").write_text(program(partial(fail, "ValueError", "broken image customisation")))
     proc = run_python(program(*TOYS, print_status), path=(REPO, STANDIN, other))
     assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
     assert last_json(proc.stdout)[GREETING.name]["state"] == "patched"
@@ -115,6 +117,22 @@ def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ou
     assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
 
 
+def path_first(entries: list[str]) -> None:
+    import sys
+
+    sys.path[:0] = entries
+
+
+def path_last(entry: str) -> None:
+    import sys
+
+    sys.path.append(entry)
+
+
+def image_ran() -> None:
+    print("image sitecustomize ran")
+
+
 @pytest.fixture
 def shadowed(tmp_path):
     def make(body: str):
@@ -129,8 +147,7 @@ def shadowed(tmp_path):
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     # The image's customisation runs at start-up, before the child's code (and without the checkout on sys.path:
     # chain() takes ours off while it imports): the toys are its patch set there.
-    other = shadowed(program(USE_LAST, import_toy_targets)
-                     + "import sys\nsys.stderr.write('image customisation imported vllm\\n')\n")
+    other = shadowed(program(USE_LAST, import_toy_targets, partial(say_on_stderr, "image customisation imported vllm")))
     proc = run_python(program(import_toy_targets, wrap_depths, print_status), path=(REPO, STANDIN, other))
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
@@ -138,7 +155,7 @@ def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
-    other = shadowed("import sys\nsys.path.append('/opt/image/extra')\nsys.path.insert(0, '/opt/image/first')\n")
+    other = shadowed(program(partial(path_first, ["/opt/image/first"]), partial(path_last, "/opt/image/extra")))
     code = program(sys_path)
     with_shim = last_json(run_python(code, path=(REPO, STANDIN, other), cwd=tmp_path).stdout)
     without = last_json(run_python(code, path=(STANDIN, other), cwd=tmp_path).stdout)
@@ -182,7 +199,7 @@ def test_a_sourceless_install_chains_the_image_sitecustomize_once(tmp_path, shad
     subprocess.run([sys.executable, "-m", "compileall", "-q", "-b", str(shim)], check=True)
     for source in shim.rglob("*.py"):
         source.unlink()
-    other = shadowed("print('image sitecustomize ran')\n")
+    other = shadowed(program(image_ran))
     proc = run_python(program(watchers), path=(shim / "dspark_hotfix" / "startup", other), check=False)
     assert proc.returncode == 0 and "RecursionError" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["image sitecustomize ran", "1"]

@@ -22,20 +22,23 @@ agent address closed).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dspark_hotfix.cli import startup_dir
 from scripts.venvs import cache_dir, ensure_venv
 from tests import status_shape
-from tests.conftest import REPO, clean_env
+from tests.child import import_modules, load_plugins
+from tests.conftest import REPO, clean_env, json_lines, program
 from tests.real_vllm.runs import expected
 
 pytestmark = pytest.mark.coexist
@@ -52,7 +55,39 @@ class Tool:
     pins: tuple[str, ...]
     command: str
     env: dict[str, str]
-    probe: str  # code defining other(): what says the tool is at work in the child
+    at_work: Callable[[], dict[str, bool]]  # a child's step: what says the tool is at work in it
+
+
+def ddtrace_at_work() -> dict[str, bool]:
+    import sys
+
+    import vllm
+    import vllm.v1.engine.output_processor as output_processor
+
+    return {"watchdog": any(type(f).__name__ == "_UniversalModuleWatchdog" for f in sys.meta_path),
+            "vllm_integration": getattr(vllm, "_datadog_patch", False),
+            "engine_wrapped": hasattr(output_processor.OutputProcessor.process_outputs, "__wrapped__")}
+
+
+def opentelemetry_at_work() -> dict[str, bool]:
+    import sys
+
+    from opentelemetry import trace
+
+    return {"sitecustomize": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
+            "sdk_tracer_provider": type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.sdk")}
+
+
+def shim_says() -> dict[str, Any] | None:
+    """How the shim was activated here and each patch's state; None where its package was never imported."""
+    import sys
+
+    if "dspark_hotfix" not in sys.modules:
+        return None
+    import dspark_hotfix
+
+    status = dspark_hotfix.status()
+    return {"activated_by": status["activated_by"], "states": {r["name"]: r["state"] for r in status["patches"]}}
 
 
 DDTRACE = Tool(
@@ -60,41 +95,17 @@ DDTRACE = Tool(
     {"DD_TRACE_VLLM_ENABLED": "true", "DD_TRACE_AGENT_URL": "http://127.0.0.1:9",
      "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false", "DD_REMOTE_CONFIGURATION_ENABLED": "false",
      "DD_CRASHTRACKING_ENABLED": "false"},
-    """
-def other():
-    import vllm.v1.engine.output_processor as output_processor
-    return {"watchdog": any(type(f).__name__ == "_UniversalModuleWatchdog" for f in sys.meta_path),
-            "vllm_integration": getattr(vllm, "_datadog_patch", False),
-            "engine_wrapped": hasattr(output_processor.OutputProcessor.process_outputs, "__wrapped__")}
-""")
+    ddtrace_at_work)
 OPENTELEMETRY = Tool(
     "opentelemetry", ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1"),
     "opentelemetry-instrument",
     {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"},
-    """
-def other():
-    from opentelemetry import trace
-    return {"sitecustomize": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
-            "sdk_tracer_provider": type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.sdk")}
-""")
+    opentelemetry_at_work)
 TOOLS = (DDTRACE, OPENTELEMETRY)
 ORDERS = ("tool-outside-launcher", "tool-inside-launcher", "tool-outside-pythonpath", "tool-inside-pythonpath",
           "plugin-only")
 # OpenTelemetry's sitecustomize does not import the one it shadows: where it goes first, ours never runs.
 NOT_ACTIVE = {("opentelemetry", "tool-inside-pythonpath")}  # (inside the launcher: refused, see the test)
-
-CHILD = """
-import json, sys
-import vllm
-{load_plugins}
-{imports}{probe}
-shim = None
-if "dspark_hotfix" in sys.modules:
-    import dspark_hotfix
-    status = dspark_hotfix.status()
-    shim = {{"activated_by": status["activated_by"], "states": {{r["name"]: r["state"] for r in status["patches"]}}}}
-print(json.dumps({{"shim": shim, "other": other()}}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +138,10 @@ def plugin_site(wheel, tmp_path_factory) -> Path:
 
 
 def argv_and_env(tool: Tool, order: str, site: Path, plugins: Path, python: str) -> tuple[list[str], dict[str, str]]:
-    plugins_loaded = "from vllm.plugins import load_general_plugins\nload_general_plugins()"
-    code = CHILD.format(probe=tool.probe, imports=status_shape.import_targets(),
-                        load_plugins=plugins_loaded if order == "plugin-only" else "")
+    # vLLM imported (and its plugins loaded, where the plugin alone activates), every patch's target, then what
+    # the child says: the other tool's work, and the shim's.
+    code = program(partial(import_modules, ["vllm"]), *([load_plugins] if order == "plugin-only" else []),
+                   partial(import_modules, status_shape.target_modules()), tool.at_work, shim_says)
     env = clean_env(**tool.env, PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(site))
     # The launcher runs from the checkout; it takes the checkout off the command's PYTHONPATH.
     launcher = [python, "-m", "dspark_hotfix", "run", "--"]
@@ -173,7 +185,8 @@ def test_vllm_imports_with_the_shim_and_the_other_tool_both_at_work(outcomes, to
         assert "dspark-hotfix run --" in proc.stderr, proc.stderr[-3000:]
         return
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    other, shim = json_lines(proc.stdout)[-2:]
+    report = {"other": other, "shim": shim}
     assert all(report["other"].values()), (report, proc.stderr[-3000:])
     if (tool, order) in NOT_ACTIVE:
         # Not active, and silently so today: nothing of the shim was imported or said.

@@ -21,7 +21,7 @@ import pytest
 
 from dspark_hotfix import __version__
 from tests import status_shape
-from tests.child import environ, import_modules, print_status
+from tests.child import environ, import_modules, print_status, wrapt_version
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
     STANDIN,
@@ -47,12 +47,6 @@ def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_docker
     import wrapt
 
     assert wrapt.__version__ == pinned[1]
-
-
-def wrapt_version() -> str:
-    import wrapt
-
-    return wrapt.__version__
 
 
 def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):

@@ -177,7 +177,7 @@ def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_pa
 
 def test_run_refuses_opentelemetry_instrument_started_by_python_as_by_its_own_name(tmp_path):
     tool = tmp_path / "opentelemetry-instrument"
-    tool.write_text(f"#!{sys.executable}\nimport sys\n")
+    tool.write_text(f"#!{sys.executable}\n{program()}")
     proc = launch(tmp_path, sys.executable, str(tool), sys.executable, "-c", PROBE)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
     assert "opentelemetry-instrument puts its own sitecustomize ahead of ours" in proc.stderr

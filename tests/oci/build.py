@@ -10,7 +10,7 @@ them, so a second run reuses them. Storage lives under the project's cache
 (``$DSPARK_HOTFIX_CACHE``, default ``~/.cache/dspark-hotfix``), apart from any
 other buildah state of the machine.
 
-    python tests/oci/build.py [reported|fixed] [NAME=VALUE ...]   # the base, and the Dockerfile built on it
+    python -m tests.oci.build [reported|fixed] [NAME=VALUE ...]   # the base, and the Dockerfile built on it
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.conftest import program
+
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standin"
 MIRROR = "http://deb.debian.org/debian"
@@ -34,7 +36,16 @@ PACKAGES = "python3,python3-venv,ca-certificates"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 STANDIN_VERSION = "0.23.1rc1.dev788+gfa4321de3"
 SITE = "/opt/venv/lib/python3.11/site-packages"
-IMAGE_SITECUSTOMIZE = 'import os\nos.environ["IMAGE_SITECUSTOMIZE_PID"] = str(os.getpid())\n'
+
+
+def image_customisation() -> None:
+    """The image's own sitecustomize: it says it ran in the process's environment, with the pid."""
+    import os
+
+    os.environ["IMAGE_SITECUSTOMIZE_PID"] = str(os.getpid())
+
+
+IMAGE_SITECUSTOMIZE = program(image_customisation)
 SERVING = """FROM {base}
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     PYTHONPATH=/opt/image-lib

@@ -19,8 +19,10 @@ import re
 import shutil
 import subprocess
 import zipfile
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,19 +31,37 @@ from dspark_hotfix.patches import ALL
 from scripts import dist
 from tests import kubernetes, status_shape
 from tests.cache import unavailable
-from tests.conftest import REPO
+from tests.child import environ, import_modules
+from tests.conftest import REPO, json_lines, program
 from tests.oci import build
 
 pytestmark = pytest.mark.oci
 
 REPORTED_ERROR = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+
+
+def container_says() -> dict[str, Any]:
+    """What the container's process says: the shim's status, its pid, its wrapt, and the variables that matter."""
+    import os
+
+    import wrapt
+
+    import dspark_hotfix
+
+    return {"status": dspark_hotfix.status(), "pid": os.getpid(), "wrapt": wrapt.__version__,
+            "wrapt_file": wrapt.__file__,
+            "env": {k: os.environ.get(k) for k in ("IMAGE_SITECUSTOMIZE_PID", "PYTHONPATH", "DSPARK_HOTFIX")}}
+
+
+def found_after_uninstall() -> list[bool]:
+    """Whether the shim's package, and wrapt, can still be found."""
+    import importlib.util
+
+    return [importlib.util.find_spec("dspark_hotfix") is not None, importlib.util.find_spec("wrapt") is not None]
+
+
 # Every patch's target module imported, then what the container's process says.
-PROBE = status_shape.import_targets() + """import json, os
-import dspark_hotfix, wrapt
-print(json.dumps({"status": dspark_hotfix.status(), "pid": os.getpid(), "wrapt": wrapt.__version__,
-                  "wrapt_file": wrapt.__file__,
-                  "env": {k: os.environ.get(k) for k in ("IMAGE_SITECUSTOMIZE_PID", "PYTHONPATH", "DSPARK_HOTFIX")}}))
-"""
+PROBE = program(partial(import_modules, status_shape.target_modules()), container_says)
 # The digest of a layer that changes nothing: an empty tar archive.
 EMPTY_LAYER = f"sha256:{hashlib.sha256(bytes(1024)).hexdigest()}"
 # A patch the reported build needs: the stand-in needs every correction (status_shape.fixes_installed).
@@ -191,11 +211,10 @@ def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
         assert off.returncode == 0 and "dspark_hotfix" not in off.stdout + off.stderr, off.stdout + off.stderr
         assert json.loads(off.stdout.splitlines()[-1])["error"] == REPORTED_ERROR
         # pip removes no dependency: the wrapt the Dockerfile installed stays, unused.
-        found = run_in(container, "python3", "-c", "import importlib.util as u; print(u.find_spec('dspark_hotfix'), "
-                                                   "u.find_spec('wrapt') is not None)")
-        assert found.stdout.split() == ["None", "True"], found.stdout + found.stderr
-        image = run_in(container, "python3", "-c", "import os; print(os.environ['IMAGE_SITECUSTOMIZE_PID'])")
-        assert image.returncode == 0, image.stderr
+        found = run_in(container, "python3", "-c", program(found_after_uninstall))
+        assert json_lines(found.stdout) == [[False, True]], found.stdout + found.stderr
+        image = run_in(container, "python3", "-c", program(partial(environ, "IMAGE_SITECUSTOMIZE_PID")))
+        assert image.returncode == 0 and json_lines(image.stdout)[0] is not None, image.stdout + image.stderr
     finally:
         build.buildah("rm", container, check=False)
 
@@ -229,7 +248,7 @@ class Pod:
                       volumes=volumes, prefix=prefix)
 
     def serve(self, *argv: str, **env: str) -> dict:
-        proc = self.start(self.server, list(argv), **env)
+        proc = self.start(self.server, list(argv), (), **env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -256,7 +275,12 @@ def wrapt_wheel(tmp_path_factory) -> Path:
 def pods(wrapt_wheel):
     """Pods of the manifest: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and wrapt's."""
     made: list[Pod] = []
-    yield lambda base, wheel, *args, **env: made.append(Pod(base, (wheel, wrapt_wheel), *args, **env)) or made[-1]
+
+    def make(base, wheel, *args, **env) -> Pod:
+        made.append(Pod(base, (wheel, wrapt_wheel), *args, **env))
+        return made[-1]
+
+    yield make
     for pod in made:
         pod.remove()
 

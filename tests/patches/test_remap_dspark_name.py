@@ -18,6 +18,8 @@ from dspark_hotfix.patches.remap_dspark_name import PATCH, remap_dspark_name
 from tests.patches import Fault, Revert, module_file
 
 REMAP = PATCH
+assert REMAP.correction is not None
+CORRECT = REMAP.correction  # the patched method's answer from vLLM's
 FILE = module_file(PATCH)
 # The released remap (every dspark.py from 0.25.0 on).
 FIX = [("{self.config.num_hidden_layers + stage}", "{stage}")]
@@ -194,7 +196,8 @@ def test_remap_never_points_outside_the_draft_unless_vllm_did(case):
     except ValueError:  # reported by the test above; this one is about where answers point
         return
     if answer != mapped:
-        assert draft_layers is not None and 0 <= layer_index(answer) < draft_layers
+        index = layer_index(answer)
+        assert draft_layers is not None and index is not None and 0 <= index < draft_layers
     elif layer_index(answer) is not None and (draft_layers is None or layer_index(answer) >= draft_layers):
         assert answer is mapped  # out of range only because vLLM said so
 
@@ -230,7 +233,7 @@ def test_standin_draft_weights_land_on_the_draft_layers_through_the_correction(s
     remap = vllm_remap(DSparkDeepseekV4ForCausalLM)
     for name in data.draw(st.lists(checkpoint_names(k), min_size=1, max_size=12)):
         mapped = remap(draft, name)  # the reported build's answer
-        fixed = REMAP.correction(mapped, draft, name)  # the patched method's answer
+        fixed = CORRECT(mapped, draft, name)  # the patched method's answer
         assert fixed == (defect_answer(name, mapped, k) or mapped)
         src = MTP.fullmatch(name)
         if src and src[2] in LAYER_WEIGHTS and int(src[1]) < k and n + int(src[1]) >= k:
@@ -253,41 +256,47 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     layer_params = {p for p, _ in draft.named_parameters() if p.startswith("model.layers.")}
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
-    assert {REMAP.correction(remap(draft, name), draft, name) for name in checkpoint} == layer_params
+    assert {CORRECT(remap(draft, name), draft, name) for name in checkpoint} == layer_params
 
 
 # --- On real vLLM (tests/real_vllm) ---
 # The remap on vLLM releases from PyPI, read from the real tier's shared runs (tests/real_vllm/runs.py).
 
 import json  # noqa: E402
+from functools import partial  # noqa: E402
+from typing import Any  # noqa: E402
 
+from tests.conftest import program  # noqa: E402
 from tests.real_vllm import runs  # noqa: E402
 
 REAL_N, REAL_K = 43, 3  # the draft of tests/real_vllm/inside/runner_answers.py: 3 layers over 43
 REAL_LAYER_WEIGHTS = 10  # the names of each draft layer in tests/real_vllm/inside/grid.py (NAMES)
-# Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of the grid, and what
-# the correction makes of its answer and of the answer shifted as the reported build shifts it.
-REAL_CORRECTION = f"""
-import json, grid
-from dspark_hotfix.patches.remap_dspark_name import PATCH
-draft, rows = grid.draft({REAL_N}, {REAL_K}), []
-for name in grid.NAMES:
-    try:
-        real = grid.remap(draft, name)
-    except Exception:
-        continue
-    shifted = real
-    if real is not None and real.startswith("model.layers."):
-        index, _, rest = real[len("model.layers."):].partition(".")
-        shifted = f"model.layers.{{{REAL_N} + int(index)}}.{{rest}}"
-    rows.append([real, PATCH.correction(real, draft, name) is real, shifted, PATCH.correction(shifted, draft, name)])
-print(json.dumps(rows))
-"""
+def real_corrections(n: int, k: int) -> list[list[Any]]:
+    """Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of the grid, and
+    what the correction makes of its answer and of the answer shifted as the reported build shifts it."""
+    import grid
+
+    from dspark_hotfix.patches.remap_dspark_name import PATCH
+
+    draft, rows = grid.draft(n, k), []
+    for name in grid.NAMES:
+        try:
+            real = grid.remap(draft, name)
+        except Exception:
+            continue
+        shifted = real
+        if real is not None and real.startswith("model.layers."):
+            index, _, rest = real[len("model.layers."):].partition(".")
+            shifted = f"model.layers.{n + int(index)}.{rest}"
+        correct = PATCH.correction
+        assert correct is not None
+        rows.append([real, correct(real, draft, name) is real, shifted, correct(shifted, draft, name)])
+    return rows
 
 
 @pytest.mark.real_vllm
 def test_on_real_vllm_the_correction_keeps_the_releases_answers_and_corrects_the_shifted_ones():
-    proc = runs.in_venv("0.25.0", REAL_CORRECTION)
+    proc = runs.in_venv("0.25.0", program(partial(real_corrections, REAL_N, REAL_K)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(kept for _, kept, _, _ in rows), rows  # vLLM's own answer, the very object

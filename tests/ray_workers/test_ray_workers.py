@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests import status_shape
 from tests.cache import pip_target, unavailable
-from tests.conftest import REPO, STANDIN, clean_env
+from tests.conftest import REPO, STANDIN, clean_env, program
 
 pytestmark = pytest.mark.ray
 
@@ -164,7 +165,7 @@ def head(short_tmp, netns):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"ray start exited {proc.returncode}: {Path(log.name).read_text()[-4000:]}"
-            check = subprocess.run([*netns, python, "-c", f"import ray; ray.init(address={address!r}); ray.shutdown()"],
+            check = subprocess.run([*netns, python, "-c", program(partial(ray_reachable, address))],
                                    env=env, cwd=short_tmp, capture_output=True, timeout=120)
             if check.returncode == 0:
                 return address
@@ -174,6 +175,13 @@ def head(short_tmp, netns):
     yield start
     for proc in started:
         stop_group(proc)
+
+
+def ray_reachable(address: str) -> None:
+    import ray
+
+    ray.init(address=address)
+    ray.shutdown()
 
 
 def local_config(tmp: Path, **kw) -> dict:

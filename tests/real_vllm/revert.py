@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        package = revert(*argv, declared_edits())
+        package = revert(argv[0], argv[1], declared_edits())
     except RevertError as exc:
         print(f"revert: {exc}", file=sys.stderr)
         return 1

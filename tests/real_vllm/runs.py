@@ -26,7 +26,7 @@ from typing import Any
 from dspark_hotfix.patches import ALL
 from scripts.venvs import VERSIONS as VERSIONS
 from scripts.venvs import cache_dir, ensure_venv, locked
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, program
 from tests.patches import declared
 from tests.real_vllm import revert
 
@@ -50,9 +50,9 @@ def reverted_copy(python: Path, version: str = REVERTED_VERSION) -> Path:
     Kept under the venv cache, keyed by the version, the installed package's place, the revert script and
     the edits, so it is built once (milliseconds: a shadow tree).
     """
-    locate = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
-    src = subprocess.run([str(python), "-c", locate], env=clean_env(), capture_output=True, text=True, check=True)
-    package = src.stdout.strip()
+    src = subprocess.run([str(python), "-c", program(vllm_package)], env=clean_env(), capture_output=True, text=True,
+                         check=True)
+    package = json.loads(src.stdout)
     edits = revert.declared_edits()
     key = hashlib.sha256(Path(revert.__file__).read_bytes() + revert.to_json(edits).encode()
                          + package.encode()).hexdigest()[:12]
@@ -60,6 +60,15 @@ def reverted_copy(python: Path, version: str = REVERTED_VERSION) -> Path:
     if not (dest / revert.STAMP).is_file():
         revert.revert(package, dest, edits)
     return dest
+
+
+def vllm_package() -> str:
+    """The directory of this interpreter's ``vllm`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations is not None
+    return next(iter(spec.submodule_search_locations))
 
 
 def inside_pytest(python: Path, checks: tuple[str, ...], env: dict[str, str], tmp: Path) -> dict[str, Any]:
@@ -160,8 +169,8 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
 
 
 def in_venv(version: str, code: str, *, shim: bool = True, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    """``python -c code`` in the venv of ``vllm==version``, inside/ on ``sys.path``, with the shim activated
-    through ``PYTHONPATH`` (or not there at all)."""
+    """``python -c code`` (a :func:`tests.conftest.program`) in the venv of ``vllm==version``, inside/ on
+    ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all)."""
     python, _ = ensure_venv(version)
     path = [str(INSIDE), *([str(REPO)] if shim else [])]
     return subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)), cwd=str(REPO),

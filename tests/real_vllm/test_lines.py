@@ -24,13 +24,15 @@ import json
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from dspark_hotfix.patches import ALL
 from scripts.venvs import LINES_VERSIONS, ensure_venv
-from tests.conftest import REPO, clean_env, state_of, summary_lines
+from tests.child import import_modules, load_plugins
+from tests.conftest import REPO, clean_env, program, state_of, summary_lines
 from tests.real_vllm import runs
 from tests.real_vllm.runs import REVERTED, REVERTED_VERSION, reverted_copy
 
@@ -58,7 +60,7 @@ def lines_of(build: str, kind: str) -> list[str]:
     path = [str(REPO)]
     if build.endswith("reverted"):
         path.insert(0, str(reverted_copy(python)))  # built by the fixture, before the runs
-    code = "".join(f"import {module}\n" for module in KINDS[kind])
+    code = program(partial(import_modules, list(KINDS[kind])))
     proc = subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{build}, {kind}:\n{proc.stderr[-3000:]}"
@@ -104,15 +106,17 @@ def test_every_line_a_real_process_prints_is_in_the_version_matrix(measured):
     assert not missing, f"lines {DOC.relative_to(REPO)} does not quote: {sorted(missing)}"
 
 
+def decorate_logs() -> None:
+    """vLLM's decorate_logs(): from now on its stdout and stderr lines start with ``(EngineCore pid=N)``."""
+    from vllm.utils.system_utils import decorate_logs
+
+    decorate_logs("EngineCore")
+
+
 # An engine core as vLLM 0.25.0 starts one: its config's classes imported as it is unpickled (the targets with
 # them), then vLLM's decorate_logs() prefixes its stdout and stderr, then EngineCore loads vLLM's plugins.
-ENGINE_CORE = """
-import vllm.models.deepseek_v4, vllm.v1.core.kv_cache_utils
-from vllm.utils.system_utils import decorate_logs
-decorate_logs("EngineCore")
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-"""
+ENGINE_CORE = program(partial(import_modules, ["vllm.models.deepseek_v4", "vllm.v1.core.kv_cache_utils"]),
+                      decorate_logs, load_plugins)
 
 
 def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_the_plugin(tmp_path: Path):

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from typing import Any
 
 import pytest
 
 from scripts.venvs import VERSIONS, ensure_venv
-from tests.conftest import REPO, clean_env
+from tests.child import wrapt_version
+from tests.conftest import REPO, clean_env, json_lines, program
 from tests.real_vllm import runs
 
 pytestmark = pytest.mark.real_vllm
@@ -32,8 +34,8 @@ RESHAPE = {"test_v2_runner_reshape_gives_512_before_and_584_after_the_correction
 def test_shim_on_real_vllm(version):
     python, _ = ensure_venv(version)
     # Each release runs with one end of the supported wrapt range (venvs.WRAPT).
-    wrapt = subprocess.run([str(python), "-c", "import wrapt; print(wrapt.__version__)"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    wrapt = json.loads(subprocess.run([str(python), "-c", program(wrapt_version)], capture_output=True, text=True,
+                                      check=True).stdout)
     assert wrapt == "1.17.3" if version == "0.25.0" else wrapt.startswith("2."), wrapt
     run = runs.released(version)
     print(run["report"])
@@ -53,32 +55,42 @@ def test_shim_on_real_vllm(version):
         assert set(run["skipped"]) <= RESHAPE, run["skipped"]
 
 
-# Once vLLM is imported, the spec of a module the shim still waits for (find_spec imports the parent
-# package, which imports the other targets) has wrapt's proxy loader: it copies, deep-copies and pickles.
-LOADER_SPECS = """
-import copy, importlib, importlib.util, json, pickle, sys
-import vllm, dspark_hotfix
-from dspark_hotfix.patches import ALL
-for name in ["prometheus_client", *dict.fromkeys(p.module for p in ALL)]:
-    if "." in name:
-        importlib.import_module(name.rpartition(".")[0])
-    if name not in sys.modules:
-        spec = importlib.util.find_spec(name)
-        copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
-        print(json.dumps([name, type(spec.loader).__name__] + [
-            (c.loader if hasattr(c, "loader") else c).get_filename(name) == spec.origin for c in copies]))
-        importlib.import_module(name)
-print(json.dumps({r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}))
-"""
+def loader_specs() -> list[Any]:
+    """Once vLLM is imported, the spec of each module the shim still waits for (find_spec imports the parent
+    package, which imports the other targets) has wrapt's proxy loader: whether it copies, deep-copies and
+    pickles; then each patch's state."""
+    import copy
+    import importlib
+    import importlib.util
+    import pickle
+    import sys
+
+    import vllm  # noqa: F401
+
+    import dspark_hotfix
+    from dspark_hotfix.patches import ALL
+
+    rows: list[Any] = []
+    for name in ["prometheus_client", *dict.fromkeys(p.module for p in ALL)]:
+        if "." in name:
+            importlib.import_module(name.rpartition(".")[0])
+        if name not in sys.modules:
+            spec = importlib.util.find_spec(name)
+            assert spec is not None
+            copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
+            rows.append([name, type(spec.loader).__name__] + [
+                (c.loader if hasattr(c, "loader") else c).get_filename(name) == spec.origin for c in copies])
+            importlib.import_module(name)
+    return [*rows, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(version):
     python, _ = ensure_venv(version)  # wrapt 1.17.3 on 0.25.0, the newest 2.x on 0.33.0
-    proc = subprocess.run([str(python), "-c", LOADER_SPECS], env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(python), "-c", program(loader_specs)], env=clean_env(PYTHONPATH=str(REPO)),
+                          cwd=str(REPO), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    *rows, states = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith(("[", "{"))]
+    ((*rows, states),) = json_lines(proc.stdout)
     # Importing each target's package imports every target on these releases: prometheus_client is left.
     assert rows == [["prometheus_client", "_ImportHookChainedLoader", True, True, True, True]], proc.stderr[-3000:]
     assert states == runs.expected(version)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix.doctor import render
-from tests.child import run_cli, use_toys
+from tests.child import fail, run_cli, say_on_stderr, use_toys
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -60,7 +60,7 @@ def test_doctor_names_the_image_sitecustomize_behind_a_second_copy_of_the_shim(t
     # Two copies on PYTHONPATH: ours chains the second, which chains the image's; what that copy
     # chained is what start-up ran, and doctor names it.
     first, second = copy_of_shim(tmp_path / "first"), copy_of_shim(tmp_path / "second")
-    theirs = image(tmp_path / "image", "import sys; sys.stderr.write('image sitecustomize ran\\n')\n")
+    theirs = image(tmp_path / "image", program(partial(say_on_stderr, "image sitecustomize ran")))
     path = (first, second, theirs, STANDIN)
     js = doctor(tmp_path, path, "--json")
     assert js.returncode == 0, js.stdout
@@ -85,7 +85,7 @@ def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomiz
 
 
 def test_doctor_reports_an_image_sitecustomize_that_fails_at_every_start(tmp_path):
-    broken = image(tmp_path / "image", "raise RuntimeError('image customisation broke')\n")
+    broken = image(tmp_path / "image", program(partial(fail, "RuntimeError", "image customisation broke")))
     proc = doctor(tmp_path, (STARTUP, broken, STANDIN), "--json")
     found = json.loads(proc.stdout)
     site = found["sitecustomize"]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.activation.children import AS_SHIPPED, JUDGED, UNWRAPPED, USE_LAST
-from tests.child import import_toy_targets, print_status, toy_calls, use_toys, watchers, wrap_depths
+from tests.child import fail, import_toy_targets, print_status, toy_calls, use_toys, watchers, wrap_depths
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -44,6 +44,13 @@ LOG_LINE = re.compile(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[dspark_hotfix\
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT")
 
 
+def announce(mark: str, name: str) -> None:
+    """A decoy's body: it leaves ``mark`` and says so."""
+    with open(mark, "w"):
+        pass
+    print(f"DECOY {name}")
+
+
 @pytest.fixture
 def decoy_cwd(tmp_path):
     """A working directory whose files would announce themselves if anything imported them."""
@@ -51,13 +58,14 @@ def decoy_cwd(tmp_path):
     cwd.mkdir()
     marks.mkdir()
 
-    def decoy(name: str) -> str:
-        return f"open({str(marks / name)!r}, 'w').close()\nprint('DECOY {name}')\n"
+    def decoy(name: str, *then: partial) -> str:
+        return program(partial(announce, str(marks / name), name), *then)
 
+    refuse = partial(fail, "ImportError", "decoy")
     (cwd / "dspark_hotfix").mkdir()
-    (cwd / "dspark_hotfix" / "__init__.py").write_text(decoy("dspark_hotfix") + "raise ImportError('decoy')\n")
+    (cwd / "dspark_hotfix" / "__init__.py").write_text(decoy("dspark_hotfix", refuse))
     (cwd / "dspark_hotfix" / "hooks.py").write_text(decoy("hooks"))
-    (cwd / "wrapt.py").write_text(decoy("wrapt") + "raise ImportError('decoy')\n")
+    (cwd / "wrapt.py").write_text(decoy("wrapt", refuse))
     (cwd / "sitecustomize.py").write_text(decoy("sitecustomize"))
     (cwd / "usercustomize.py").write_text(decoy("usercustomize"))
     return cwd, marks
