@@ -15,6 +15,7 @@ import inspect
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def import_targets(patches: tuple[Patch, ...] | list[Patch] = ALL) -> None:
         importlib.import_module(patch.module)
 
 
-def held(patch: Patch) -> tuple[type | types.ModuleType, str, object]:
+def held(patch: Patch) -> tuple[type | types.ModuleType, str, Any]:
     """The owner of vLLM's function that ``patch`` targets, its name, and what the owner holds under it now."""
     *owners, name = patch.qualname.split(".")
     owner = sys.modules[patch.module]

@@ -123,6 +123,7 @@ def test_the_stop_says_the_same_where_a_kv_connector_turned_the_manager_off(stan
     standin_shim()
     dspark_hotfix.install()
     error, off = grouping_behind_a_connector(), engine_start(hybrid=False)["error"]
+    assert error is not None
     assert error.startswith(f"HotfixError: {PATCH.name}: DeepSeek-V4's fp8_ds_mla KV caches (1 layer, ")
     assert error.partition(" need ")[2] == off.partition(" need ")[2]
 

@@ -56,7 +56,7 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
     assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
-    assert wrapper.__wrapped__ is namespace["target"]
+    assert wrapper.__wrapped__ is namespace["target"]  # type: ignore[attr-defined]
 
 
 # Spies standing for vLLM's toy functions: the one patch is a toy with its correction or check changed.
@@ -104,9 +104,12 @@ def planner(monkeypatch, **changes: Any) -> tuple[list, ModuleType]:
 def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correction(toys, monkeypatch):
     seen: list = []
 
+    assert GREETING.correction is not None
+    correct = GREETING.correction
+
     def correction(answer, /, self, name):
         seen.append(answer)
-        return GREETING.correction(answer, self, name)
+        return correct(answer, self, name)
 
     calls, greeting = greeter(monkeypatch, correction=correction)
     assert greeting.greet("ada") == "hello, ada"
