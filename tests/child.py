@@ -89,6 +89,12 @@ def module_names() -> list[str]:
     return sorted(sys.modules)
 
 
+def path_first(entries: list[str]) -> None:
+    import sys
+
+    sys.path[:0] = entries
+
+
 def sys_path() -> list[str]:
     import sys
 

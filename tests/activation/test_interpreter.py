@@ -24,6 +24,7 @@ from tests.child import (
     fail,
     import_toy_targets,
     module_names,
+    path_first,
     print_status,
     ran,
     toy_calls,
@@ -73,12 +74,6 @@ def shim_started() -> bool:
     import sys
 
     return any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path) or "dspark_hotfix" in sys.modules
-
-
-def path_first(entries: list[str]) -> None:
-    import sys
-
-    sys.path[:0] = entries
 
 
 @pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])

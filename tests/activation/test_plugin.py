@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST
-from tests.child import import_toy_targets, load_plugins, package_file, print_status
+from tests.child import import_modules, import_toy_targets, load_plugins, package_file, print_status
 from tests.conftest import (
     STANDIN,
     clean_env,
@@ -70,13 +71,9 @@ def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    proc = run_in_venv(venv, program(USE_LAST, import_vllm, load_plugins, import_toy_targets, print_status),
-                       path=(STANDIN,))
+    code = program(USE_LAST, partial(import_modules, ["vllm"]), load_plugins, import_toy_targets, print_status)
+    proc = run_in_venv(venv, code, path=(STANDIN,))
     assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED, proc.stderr
-
-
-def import_vllm() -> None:
-    import vllm  # noqa: F401
 
 
 @pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),

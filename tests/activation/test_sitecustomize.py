@@ -20,6 +20,7 @@ from tests.child import (
     fail,
     import_toy_targets,
     package_file,
+    path_first,
     print_status,
     run_cli,
     say_on_stderr,
@@ -115,12 +116,6 @@ def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ou
     report = json.loads(proc.stdout)
     assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
     assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
-
-
-def path_first(entries: list[str]) -> None:
-    import sys
-
-    sys.path[:0] = entries
 
 
 def path_last(entry: str) -> None:
