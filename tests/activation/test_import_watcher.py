@@ -23,7 +23,7 @@ def run(function, *args: object) -> subprocess.CompletedProcess[str]:
 
 
 def states(stdout: str) -> dict[str, str]:
-    return {name: row["state"] for name, row in last_json(stdout).items()}  # type: ignore[union-attr]
+    return {name: row["state"] for name, row in last_json(stdout).items()}
 
 
 def test_a_vllm_spec_found_before_the_import_copies_deepcopies_and_pickles():

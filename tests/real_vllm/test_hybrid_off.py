@@ -183,7 +183,7 @@ def deterministic(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_evidence_records_the_matrix():
-    recorded = {
+    recorded: dict[str, Any] = {
         "about": "DeepSeek-V4's KV caches with vLLM's hybrid KV cache manager on and off, measured on the CPU with "
                  "vLLM's own code by tests/real_vllm/inside/hybrid_off.py (4 target layers with compress ratios "
                  "0, 4, 128, 0 and 3 DSpark draft layers, block size 256, fp8_ds_mla); bytes_per_token is the last "

@@ -159,7 +159,7 @@ def test_the_shims_lines_never_reach_the_root_logger():
 
     seen: list[logging.LogRecord] = []
     handler = logging.Handler()
-    handler.emit = seen.append  # type: ignore[method-assign]
+    handler.emit = seen.append  # type: ignore[method-assign, assignment]
     logging.getLogger().addHandler(handler)
     try:
         state.log(logging.WARNING, "a line of the shim's")

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,11 +36,11 @@ def test_correction_passes_every_real_result_through_as_the_same_object(dtype, b
         assert fp8_ds_mla_spec(spec, dtype, FP8) is spec
 
 
-def fixed_specs() -> dict[str, object]:
+def fixed_specs() -> dict[str, Any]:
     return grid.fp8_specs()
 
 
-def pre_fix(spec: object, variant: str) -> object:
+def pre_fix(spec: Any, variant: str) -> Any:
     """The spec the reported build produced: no kv_quant_mode (FACTS.md)."""
     if variant == "no_quant_mode":
         return dataclasses.replace(spec, kv_quant_mode=KVQuantMode.NONE)

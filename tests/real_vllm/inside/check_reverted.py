@@ -96,7 +96,7 @@ def test_the_copy_shadows_the_installed_vllm_and_carries_the_reverted_lines():
     assert Path(vllm.__file__).is_relative_to(COPY), vllm.__file__
     for edit in EDITS:
         module = importlib.import_module("vllm." + edit["path"].removesuffix(".py").replace("/", "."))
-        assert Path(module.__file__) == COPY / "vllm" / edit["path"]
+        assert module.__file__ is not None and Path(module.__file__) == COPY / "vllm" / edit["path"]
         lines = [line.strip() for line in Path(module.__file__).read_text().splitlines()]
         assert edit["line"] not in lines
         assert edit["replacement"] is None or edit["replacement"] in lines
@@ -107,7 +107,7 @@ def test_the_copy_shadows_the_installed_vllm_and_carries_the_reverted_lines():
             extension = importlib.import_module("vllm." + library.name.split(".")[0])
         except ImportError:  # some need a CUDA driver: they fail the same way from the installed package
             continue
-        assert Path(extension.__file__).parent == COPY / "vllm", extension.__file__
+        assert extension.__file__ is not None and Path(extension.__file__).parent == COPY / "vllm", extension.__file__
         loaded.append(library.name)
     assert loaded, "no compiled extension of vLLM loaded from the copy"
 

@@ -128,7 +128,7 @@ def crash_path() -> dict[str, Any]:
     }
 
 
-def describe(spec: object) -> object:
+def describe(spec: Any) -> object:
     if spec is None:
         return None
     return {"repr": repr(spec), "page_size_bytes": spec.page_size_bytes}

@@ -17,6 +17,7 @@ where it succeeds, the V2 runner's views are built on CPU tensors with vLLM's ow
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -127,13 +128,14 @@ class Model:
             prefix = f"model.layers.{i}.attn"
             items: list[tuple[str, str, Callable[[], Any]]] = []
             if ratio == 4:
-                items.append((f"{prefix}.indexer.k_cache", "indexer", lambda r=ratio: self.indexer(r)))
+                items.append((f"{prefix}.indexer.k_cache", "indexer", functools.partial(self.indexer, ratio)))
                 items.append((f"{prefix}.indexer.compressor.state_cache", "state",
-                              lambda r=ratio: self.state(r, INDEXER_HEAD_DIM)))
+                              functools.partial(self.state, ratio, INDEXER_HEAD_DIM)))
             items.append((f"{prefix}.swa_cache", "swa", self.swa))
             if ratio > 1:
-                items.append((prefix, "attn", lambda r=ratio: self.attn(r)))
-                items.append((f"{prefix}.compressor.state_cache", "state", lambda r=ratio: self.state(r, HEAD_DIM)))
+                items.append((prefix, "attn", functools.partial(self.attn, ratio)))
+                state = functools.partial(self.state, ratio, HEAD_DIM)
+                items.append((f"{prefix}.compressor.state_cache", "state", state))
             for name, kind, build in items:
                 specs[name] = build()
                 self.kind_of[name] = kind
@@ -314,14 +316,14 @@ def main() -> dict[str, Any]:
     out: dict[str, Any] = {"vllm": vllm.__version__, "vllm_file": vllm.__file__, "torch": torch.__version__}
     # The modules of the shim's two targets here, imported as an engine imports them: its hooks decide now.
     for module in ("vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"):
-        attempt(f"import {module}", lambda m=module: imp(m))
+        attempt(f"import {module}", functools.partial(imp, module))
     model = attempt("model", lambda: Model(torch))
     get_groups, where = attempt("get_kv_cache_groups", lambda: first_attr(GROUPING_MODULES, "get_kv_cache_groups"),
                                 (None, None))
     out["get_kv_cache_groups"] = {"module": where, "wrapped": hasattr(get_groups, "__wrapped__")}
     if model is not None and get_groups is not None:
         for disable, key in ((False, "hybrid_on"), (True, "hybrid_off")):
-            out[key] = attempt(key, lambda d=disable: grouping(model, get_groups, d))
+            out[key] = attempt(key, functools.partial(grouping, model, get_groups, disable))
         out["merge"] = attempt("merge", lambda: merged(model))
     out["status"] = attempt("status", shim_status)
     out["errors"] = ERRORS
