@@ -60,20 +60,14 @@ def states(stdout: str) -> dict[str, str]:
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
     # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM on
     # sys.path itself, as an embedding application would.
-    code = program(shim_started, partial(path_first, [str(REPO), str(STANDIN)]), *TOYS, wrap_depths, print_status)
+    code = program(watchers, module_names, partial(path_first, [str(REPO), str(STANDIN)]), *TOYS, wrap_depths,
+                   print_status)
     proc = run_python(code, flags=(flag,))
-    started, depth, rows = json_lines(proc.stdout)
-    assert started is False
+    watching, modules, depth, rows = json_lines(proc.stdout)
+    assert watching == 0 and "dspark_hotfix" not in modules
     assert depth == UNWRAPPED
     assert {(r["state"], r["detail"]) for r in rows.values()} == {("disabled", "not installed in this process")}
     assert proc.stderr == ""
-
-
-def shim_started() -> bool:
-    """Whether start-up brought the shim in: its watcher on sys.meta_path, or its package imported."""
-    import sys
-
-    return any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path) or "dspark_hotfix" in sys.modules
 
 
 @pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])

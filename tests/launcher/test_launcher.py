@@ -13,7 +13,7 @@ import pytest
 from dspark_hotfix import __version__
 from dspark_hotfix.cli import interpreter_options
 from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST
-from tests.child import import_toy_targets, print_status, ran, sys_path
+from tests.child import import_toy_targets, print_status, ran, sys_path, watchers
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -28,16 +28,8 @@ from tests.conftest import (
 )
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
-
-
-def say_active() -> None:
-    """Whether the shim is active in this process (a watcher of its on sys.meta_path), as ``ACTIVE True``."""
-    import sys
-
-    print("ACTIVE", any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path))
-
-
-PROBE = program(say_active)  # a command's code, or a script's or module's body
+# A command's code, or a script's or module's body: prints how many of the shim's watchers are active in it.
+PROBE = program(watchers)
 
 
 def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
@@ -80,7 +72,7 @@ def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_pat
     (tmp_path / "probe.py").write_text(PROBE)
     proc = launch(tmp_path, sys.executable, *args)
     if kept_out_by is None:
-        assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
+        assert proc.returncode == 0 and proc.stdout == "1\n", proc.stderr
         assert f"({' '.join([sys.executable, *options])} starts it)" in proc.stderr, proc.stderr
     else:
         assert proc.returncode == 1 and proc.stdout == "", proc.stderr
@@ -162,7 +154,7 @@ def test_run_of_a_script_behind_env_reads_the_python_that_env_finds(tmp_path):
     script.write_text(f"#!/usr/bin/env {python.name}\n{PROBE}")
     script.chmod(0o755)
     proc = launch(tmp_path, str(script), env=clean_env(PYTHONPATH=str(REPO), PATH=f"{python.parent}:/usr/bin:/bin"))
-    assert proc.returncode == 0 and proc.stdout == "ACTIVE True\n", proc.stderr
+    assert proc.returncode == 0 and proc.stdout == "1\n", proc.stderr
     assert f"({python} starts it)" in proc.stderr, proc.stderr
 
 
@@ -171,7 +163,7 @@ def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_pa
     script.write_text(f"#!/usr/bin/env -S -i {sys.executable}\n{PROBE}")
     script.chmod(0o755)
     proc = launch(tmp_path, str(script))
-    assert proc.stdout == "ACTIVE False\n", proc.stderr  # what the launcher cannot change
+    assert proc.stdout == "0\n", proc.stderr  # what the launcher cannot change
     assert "starts it" not in proc.stderr and f"cannot tell whether {script} starts Python" in proc.stderr
 
 
