@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint unit slow real-vllm coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
+.PHONY: demo test lint unit slow sweep real-vllm coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff format --check harness
 	$(PY) -m mypy
 
-FAST := not real_vllm and not oci and not ray and not coexist
+FAST := not real_vllm and not oci and not ray and not coexist and not sweep
 SLOW := real_vllm or oci or ray or coexist
 
 test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray and coexistence tiers
@@ -44,6 +44,9 @@ oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see
 	@echo "copies every layer in full for each stage and container; build on your vLLM image instead:" >&2
 	@echo "  docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.25.0 ." >&2
 	@exit 2
+
+sweep: $(VENV)/.ready  ## every point of every activation path interrupted in turn, on the toys and on the stand-in (long)
+	$(PY) -m pytest -n 2 --dist loadfile -m sweep
 
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m ray

@@ -29,7 +29,7 @@ from typing import Any
 import dspark_hotfix
 from dspark_hotfix import state
 
-_gauges: tuple[Any, ...] | None = None  # info, state, needed: made once per process; (): they could not be
+_gauges: tuple[Any, ...] | None = None  # info, state, needed: set once made; (): they could not be
 
 
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
@@ -42,9 +42,11 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
         return
     try:
         with state.lock:
-            if _gauges is None:
-                _gauges = ()  # tried once: a failure below is said once and never retried
-                _gauges = _make(module, source, records)
+            if _gauges is None:  # marked once made, and registered: an interrupt before leaves it to the next
+                made = _make(module)
+                _at_scrape.args = (source, records)
+                module.REGISTRY.register(_at_scrape)  # (again after an interrupt: the same collector, no names)
+                _gauges = made
             if not _gauges:
                 return
             info, states, needed = _gauges
@@ -55,13 +57,14 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 if row["state"] != state.PENDING:
                     needed.labels(row["name"]).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
+        _gauges = ()  # said once, never retried
         state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
                                    "the patches are not affected")
 
 
-def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[Any, ...]:
+def _make(module: Any) -> tuple[Any, ...]:
     mode = "liveall"  # per process: see above
-    gauges = (  # made apart from any registry, so that one that cannot be made registers nothing
+    return (  # made apart from any registry: the scrape-time collector serves them
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
                      "what activated it", ["version", "activated_by"], multiprocess_mode=mode, registry=None),
         module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
@@ -69,18 +72,18 @@ def _make(module: Any, source: str, records: Iterable[state.Record]) -> tuple[An
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
                      "process: 1 yes, 0 no, -1 could not be judged", ["patch"], multiprocess_mode=mode, registry=None),
     )
-    for collector in (_AtScrape(source, records), *gauges):  # first: a scrape publishes before it reads the gauges
-        module.REGISTRY.register(collector)
-    return gauges
 
 
 class _AtScrape:
-    """A collector of no series of its own: it brings the gauges up to date when scraped."""
+    """The one collector registered: it brings the gauges up to date when scraped, then serves them. Until
+    they are made it names no series, so registering it again (after an interrupt) is harmless."""
 
-    def __init__(self, source: str, records: Iterable[state.Record]) -> None:
-        self.source, self.records = source, records
+    args: tuple[str, Iterable[state.Record]] = ("", ())
 
     def collect(self) -> list[Any]:
         if not state.lock.locked():  # a scrape during a publish (or a state change) reads what it writes
-            publish(self.source, self.records)
-        return []
+            publish(*self.args)
+        return [family for gauge in _gauges or () for family in gauge.collect()]
+
+
+_at_scrape = _AtScrape()

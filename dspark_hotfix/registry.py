@@ -49,11 +49,15 @@ class Activation:
     """The activation of the registry in this process: made once, never undone."""
 
     def __init__(self, source: str) -> None:
-        self.source, self.enabled, self.said = source, dspark_hotfix.enabled(), ("", None)  # the last line said
+        self.source, self.enabled = source, dspark_hotfix.enabled()
+        self.said: tuple[Any, Any] = ("", None)  # the last line said, and where
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
         self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
+        for record in self.records.values():
+            record.hook = functools.partial(_on_import, self, record)
+        self.gauges = functools.partial(metrics.publish, source, self.records.values())  # prometheus_client's hook
         for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
             log(logging.WARNING, problem)  # once in the process
 
@@ -80,21 +84,15 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def activate(source: str) -> None:
-    """Register the post-import hooks of every patch not hooked yet. The first
-    caller makes the activation; a second caller waits for a registration under way, then
-    completes whatever an interrupt left. An interrupt during a registration is raised once the
-    registration is whole: nothing is ever undone. With ``DSPARK_HOTFIX`` off (only ``doctor`` and
-    ``status`` activate then) every patch is judged, none applied."""
+    """Register the post-import hooks of every patch not hooked yet. The first caller makes the
+    activation; a second caller waits for a registration under way, then completes whatever an
+    interrupt left (``install`` does so before an interrupt goes on): nothing is ever undone. With
+    ``DSPARK_HOTFIX`` off (only ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
     global _active
     with state.lock:
         activation = _active = _active or Activation(source)
     with activation.registering:
-        try:
-            _register(activation)
-        except BaseException as exc:  # an interrupt: the hooks first, then the interrupt
-            if not isinstance(exc, HotfixError):
-                _register(activation)
-            raise
+        _register(activation)
     _report(activation)
     _import_everywhere(activation)
 
@@ -106,14 +104,14 @@ def _register(activation: Activation) -> None:
         _copyable(wrapt.importer)
         for record in (r for r in activation.records.values() if not r.hooked):
             if _wait_for(record.patch.module):
-                wrapt.register_post_import_hook(functools.partial(_on_import, activation, record), record.patch.module)
+                wrapt.register_post_import_hook(record.hook, record.patch.module)
                 record.hooked = True
             else:
                 record.detail = f"{record.patch.module} is still being imported (further up this thread, or at a fork)"
         if not activation.metrics and _wait_for("prometheus_client"):
-            hook = functools.partial(metrics.publish, activation.source, activation.records.values())
-            wrapt.register_post_import_hook(hook, "prometheus_client")
+            wrapt.register_post_import_hook(activation.gauges, "prometheus_client")
             activation.metrics = True
+        _first()  # ahead of wrapt's own finder, which its first registration put first
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -134,12 +132,14 @@ def _renew_wrapt_lock() -> None:
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
 
 
-def _rearm(module: str, hook: Callable[..., Any]) -> None:
-    """Put a hook back for ``module``'s next import: wrapt drops a module's hooks as it runs them,
-    and an import an interrupt ended is retried (``register_post_import_hook`` would run it now)."""
+def _rearm(module: str, hooks: list[Callable[..., Any]]) -> None:
+    """Put the shim's hooks back for a new load of ``module``, where wrapt has not got them: wrapt drops a
+    module's hooks as it runs them, so an import that fails after that (an interrupt anywhere in it, in a
+    hook or after) would be retried without them."""
     importer = sys.modules["wrapt.importer"]
     with importer._post_import_hooks_lock:
-        importer._post_import_hooks.setdefault(module, []).append(hook)
+        armed = importer._post_import_hooks.setdefault(module, [])
+        armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
 
 
 def _copyable(importer: Any) -> None:
@@ -172,12 +172,8 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
     try:
         _decide(activation, record, module)
     except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
-        _refuse(module.__name__, str(exc))
-        raise
-    except BaseException:  # an interrupt: the import fails, and its retry must find the hooks wrapt dropped
-        for each in activation.records.values() if state.running(module.__name__) else ():
-            if each.patch.module == module.__name__ and each.state == PENDING:
-                _rearm(module.__name__, functools.partial(_on_import, activation, each))
+        _refused.setdefault(module.__name__, str(exc))
+        _first()
         raise
     _report(activation)
     _import_everywhere(activation)
@@ -188,13 +184,19 @@ def _report(activation: Activation) -> None:
     ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a process's lines
     (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core after the targets are
     imported; where that changed since the line, the next report (the plugin's, there) says it again under it."""
-    with state.lock:
-        line = state.line(activation.records.values()) if activation.enabled else None
-        said: tuple[Any, Any] = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
-        new, activation.said = said != activation.said, said if line else activation.said
-    if line is not None and new:
-        log(logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
-            f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}")
+    said = before = activation.said
+    try:
+        with state.lock:
+            line = state.line(activation.records.values()) if activation.enabled else None
+            said = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
+            before, activation.said = activation.said, said if line else activation.said
+        if line is not None and said != before:
+            log(logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
+                f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}")
+    except BaseException:  # an interrupt: not said, so the next report says it
+        if activation.said is said:
+            activation.said = before
+        raise
     if activation.enabled:
         metrics.publish(activation.source, activation.records.values())
 
@@ -203,7 +205,7 @@ def _import_everywhere(activation: Activation) -> None:
     """Once every other patch is judged, import an ``everywhere`` patch's module where vLLM did not:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
     one verdict. Its hook then decides and reports."""
-    waiting = [r for r in activation.records.values() if r.state == PENDING]
+    waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
     if all(r.hooked for r in activation.records.values()) and all(r.patch.everywhere for r in waiting):
         for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
             with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
@@ -216,7 +218,7 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     try:
         target = resolve(patch, module)
         if target[2] is record.wrapper:  # wrapped by a decision an interrupt cut short: settle it
-            _set_state(activation, record, PATCHED, record.needed, record.detail)
+            _set_state(activation, record, PATCHED, record.needed, record.detail, None, module)
             return
         needed, why = patch.probe(target[2])
         word = PATCHED if needed else NOT_NEEDED if needed is False else UNDECIDED
@@ -226,17 +228,17 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
-    settled = _set_state(activation, record, word, needed, why, target)
+    settled = _set_state(activation, record, word, needed, why, target, module)
     if settled in (FAILED, UNDECIDED):  # vLLM's function as shipped, where the shim cannot or may not tell
         _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
 
 
 def _set_state(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
-            target: tuple[Any, str, Any] | None = None) -> str | None:
-    """Record the one decision on ``record``, exactly once, where the switches
-    allow it; wrap vLLM's function if it is to be patched."""
+               target: tuple[Any, str, Any] | None = None, module: Any = None) -> str | None:
+    """Record the one decision on ``record``, exactly once per module (an import cut short is retried
+    on a new one), where the switches allow it; wrap vLLM's function if it is to be patched."""
     with state.lock:
-        if record.state != PENDING:
+        if record.state != PENDING and module in (None, record.module):  # decided, on this very module
             return None
         if not activation.enabled:
             word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
@@ -247,7 +249,7 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
             owner, name, original = target  # wrapper, which the next decision settles
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
-        record.state = word
+        record.state, record.module = word, module
         return word
 
 
@@ -261,28 +263,35 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
         text += f" (check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name})"
     if stop or activation.settings.strict:
         if refuse:
-            _refuse(refuse, text)
+            _refused.setdefault(refuse, text)
+            _first()
         raise HotfixError(text) from cause
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
 
 
-def _refuse(module: str, error: str) -> None:
-    """Strict mode: wrapt drops the hook whose HotfixError aborted ``module``'s import (and
-    without a usable wrapt there is no hook at all), so a retried import would load the module
-    unpatched. One finder fails every retry the same way; under the import lock it only looks
-    a name up."""
-    _refused.setdefault(module, error)
-    if _refuser not in sys.meta_path:
-        sys.meta_path.insert(0, _refuser)
+def _first() -> None:
+    if not any(finder is _finder for finder in sys.meta_path):
+        sys.meta_path.insert(0, _finder)
 
 
-def _find_refused(fullname: str, path: Any = None, target: Any = None) -> None:
+def _find(fullname: str, path: Any = None, target: Any = None) -> None:
+    """The shim's finder, first on ``sys.meta_path`` once its hooks are registered. At the start of each new
+    load of a module the shim hooks, its hooks go back to wrapt wherever wrapt dropped them (an import
+    cut short after its hooks ran), so a hook is armed whatever ended the module's last import. Strict
+    mode: wrapt drops the hook whose HotfixError aborted an import (and without a usable wrapt there is
+    none), so every retry of a refused module fails the same way. Called with the import lock held, it
+    imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
     if fullname in _refused:
         raise HotfixError(_refused[fullname])
+    if _active is not None and fullname not in sys.modules:
+        hooks = [r.hook for r in _active.records.values() if r.hooked and r.patch.module == fullname]
+        hooks += [_active.gauges] if fullname == "prometheus_client" and _active.metrics and _active.enabled else []
+        if hooks:  # (an empty entry would make wrapt's finder take the module)
+            _rearm(fullname, hooks)
 
 
 _refused: dict[str, str] = {}  # module -> the error its import raised
-_refuser = types.SimpleNamespace(find_spec=_find_refused)
+_finder = types.SimpleNamespace(find_spec=_find)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:

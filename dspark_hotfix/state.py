@@ -66,6 +66,8 @@ class Record:
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
         self.wrapper: Any = None  # what vLLM's function was replaced with
+        self.module: Any = None  # the module the decision was made on
+        self.hook: Any = None  # its post-import hook (the registry's)
         self.hooked = False  # its post-import hook is registered (it stays so)
 
 
@@ -95,9 +97,12 @@ def still_called(record: Record) -> bool:
 
 
 def row(record: Record) -> dict[str, Any]:
-    """A record as status() gives it."""
+    """A record as status() gives it. A decision made on a module whose import did not complete (an
+    interrupt, an error) stands for nothing: the module's next import decides again."""
     state, detail = record.state, record.detail
-    if state == PATCHED and not still_called(record):
+    if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
+        state, detail = PENDING, f"waiting for {record.patch.module} (its last import did not complete)"
+    elif state == PATCHED and not still_called(record):
         state, detail = FAILED, (f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
                                  "(its module reloaded?); restart the process")
     elif state == PATCHED and record.raised:
@@ -145,10 +150,9 @@ def exit_code(report: dict[str, Any]) -> int:
 
 def line(records: Iterable[Record]) -> str | None:
     """The log line's state, or None while a patch waits for its module."""
-    records = list(records)
-    if any(r.state == PENDING for r in records):
-        return None
     judged = judge(records)
+    if any(each["state"] == PENDING for each in judged["patches"]):
+        return None
     names: dict[str, list[str]] = {state: [] for state in STATES}
     for each in judged["patches"]:
         names[each["state"]].append(each["name"])
@@ -158,13 +162,14 @@ def line(records: Iterable[Record]) -> str | None:
 
 
 # A handler of our own, in vLLM's format: vLLM's logging neither swallows nor doubles the lines.
+# (Each step again where an interrupt cut an earlier import of this module short.)
 _log = logging.getLogger("dspark_hotfix")
+_log.propagate = False
+_log.setLevel(logging.INFO)
 if not _log.handlers:
     _handler = logging.StreamHandler(sys.stderr)
     _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
     _log.addHandler(_handler)
-    _log.propagate = False
-    _log.setLevel(logging.INFO)
 
 
 def log(level: int, text: str) -> None:
