@@ -46,7 +46,7 @@ def correction_on(cls_name: str) -> str:
     """The name of the shim's correction (a patch decided by a probe) of a method of vLLM's class ``cls_name``."""
     from dspark_hotfix.patches import ALL
 
-    corrections = [p for p in ALL if p.correction is not None]
+    corrections = [p for p in ALL if not p.stops]
     return next(p.name for p in corrections if p.qualname.split(".")[0] == cls_name)
 
 

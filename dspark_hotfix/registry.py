@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dspark_hotfix
@@ -54,10 +54,10 @@ class Activation:
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers the hooks at a time
-        self.metrics = not self.enabled  # the gauges' hook is registered, or none is wanted
-        for record in self.records.values():
-            record.hook = functools.partial(_on_import, self, record)
-        self.gauges = functools.partial(metrics.publish, source, self.records.values())  # prometheus_client's hook
+        self.hooks = [(r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()]
+        self.hooks += [("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))] * \
+            self.enabled  # (the gauges)
+        self.hooked: set[int] = set()  # the hooks registered with wrapt (they stay so)
         for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
             log(logging.WARNING, problem)  # once in the process
 
@@ -72,7 +72,8 @@ def _after_fork_in_child() -> None:
     registration another thread had under way included); it completes the rest itself, but never
     waits for a module that was part-way imported at the fork: its importer is not in the child."""
     state.lock = threading.Lock()  # (the gauges' too)
-    _renew_wrapt_lock()
+    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):  # wrapt's private name
+        importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
     _stuck.update(name for name in list(sys.modules) if state.running(name))  # (a stuck one stays so)
     if _active is not None:
         _active.registering = threading.RLock()
@@ -93,8 +94,8 @@ def activate(source: str) -> None:
         activation = _active = _active or Activation(source)
     with activation.registering:
         _register(activation)
-    _report(activation)
     _import_everywhere(activation)
+    _report(activation)
 
 
 def _register(activation: Activation) -> None:
@@ -102,16 +103,15 @@ def _register(activation: Activation) -> None:
         import wrapt
 
         _copyable(wrapt.importer)
-        for record in (r for r in activation.records.values() if not r.hooked):
-            if _wait_for(record.patch.module):
-                wrapt.register_post_import_hook(record.hook, record.patch.module)
-                record.hooked = True
-            else:
-                record.detail = f"{record.patch.module} is still being imported (further up this thread, or at a fork)"
-        if not activation.metrics and _wait_for("prometheus_client"):
-            wrapt.register_post_import_hook(activation.gauges, "prometheus_client")
-            activation.metrics = True
-        _first()  # ahead of wrapt's own finder, which its first registration put first
+        for i, (module, hook) in enumerate(activation.hooks):
+            if i not in activation.hooked and _wait_for(module):
+                wrapt.register_post_import_hook(hook, module)
+                activation.hooked.add(i)
+            elif i not in activation.hooked:  # said by its patches
+                for record in (r for r in activation.records.values() if r.patch.module == module):
+                    record.detail = f"{module} is still being imported (further up this thread, or at a fork)"
+        if not any(finder is _finder for finder in sys.meta_path):  # ahead of wrapt's own finder, which its
+            sys.meta_path.insert(0, _finder)  # first registration put first
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -119,20 +119,13 @@ def _register(activation: Activation) -> None:
         settled = [_set_state(activation, r, FAILED, None, why) for r in activation.records.values()]
         if any(settled) or activation.settings.strict:
             _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, "
-                                    f"or set {config.ENABLE}=0", cause=exc, refuse="vllm", unpatched=True)
+                                    f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
 
 
-# wrapt's private names, in this one place (tests/activation/test_wrapt_internals.py holds them to the
-# wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
+# wrapt's private names, here and in _after_fork_in_child (tests/activation/test_wrapt_internals.py holds them
+# to the wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
 
-def _renew_wrapt_lock() -> None:
-    """In a forked child: wrapt's finder takes this lock on every import, so one held at the fork
-    would hang every import."""
-    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):
-        importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-
-
-def _rearm(module: str, hooks: list[Callable[..., Any]]) -> None:
+def _rearm(module: str, hooks: Sequence[Callable[..., Any]]) -> None:
     """Put the shim's hooks back for a new load of ``module``, where wrapt has not got them: wrapt drops a
     module's hooks as it runs them, so an import that fails after that (an interrupt anywhere in it, in a
     hook or after) would be retried without them."""
@@ -169,14 +162,9 @@ def _wait_for(name: str) -> bool:
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    try:
-        _decide(activation, record, module)
-    except HotfixError as exc:  # strict mode: this import fails, and so must every retry of it
-        _refused.setdefault(module.__name__, str(exc))
-        _first()
-        raise
-    _report(activation)
+    _decide(activation, record, module)  # strict mode: HotfixError fails this import, and every retry (see _find)
     _import_everywhere(activation)
+    _report(activation)
 
 
 def _report(activation: Activation) -> None:
@@ -204,12 +192,17 @@ def _report(activation: Activation) -> None:
 def _import_everywhere(activation: Activation) -> None:
     """Once every other patch is judged, import an ``everywhere`` patch's module where vLLM did not:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
-    one verdict. Its hook then decides and reports."""
+    one verdict. Its hook then decides and reports; a module this vLLM lacks is judged here."""
     waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
-    if all(r.hooked for r in activation.records.values()) and all(r.patch.everywhere for r in waiting):
+    if len(activation.hooked) == len(activation.hooks) and all(r.patch.everywhere for r in waiting):
         for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
-            with contextlib.suppress(Exception):  # then it stays pending, and says what it waits for
+            try:
                 importlib.import_module(module)
+            except ModuleNotFoundError as exc:  # this vLLM has no such module: judged so (see Patch.absent)
+                for record in (r for r in waiting if r.patch.module == module == exc.name):
+                    _decide(activation, record, None)
+            except Exception:  # then it stays pending, and says what it waits for
+                pass
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
@@ -254,49 +247,38 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
 
 
 def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          cause: BaseException | None = None, refuse: str = "", unpatched: bool = False) -> None:
+          cause: BaseException | None = None, unpatched: bool = False) -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
-    finding vLLM would not survive, stop it with the same words (and, where
-    ``refuse`` names a module, every later import of it too)."""
+    finding vLLM would not survive, stop it with the same words."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if patch is not None and not stop:  # what helps with a patch that fails
         text += f" (check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name})"
     if stop or activation.settings.strict:
-        if refuse:
-            _refused.setdefault(refuse, text)
-            _first()
         raise HotfixError(text) from cause
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
-
-
-def _first() -> None:
-    if not any(finder is _finder for finder in sys.meta_path):
-        sys.meta_path.insert(0, _finder)
 
 
 def _find(fullname: str, path: Any = None, target: Any = None) -> None:
     """The shim's finder, first on ``sys.meta_path`` once its hooks are registered. At the start of each new
     load of a module the shim hooks, its hooks go back to wrapt wherever wrapt dropped them (an import
-    cut short after its hooks ran), so a hook is armed whatever ended the module's last import. Strict
-    mode: wrapt drops the hook whose HotfixError aborted an import (and without a usable wrapt there is
-    none), so every retry of a refused module fails the same way. Called with the import lock held, it
+    cut short after its hooks ran), so a hook is armed whatever ended the module's last import: in strict
+    mode, the hook whose HotfixError failed an import fails every retry of it the same way (without a usable
+    wrapt, every activation does). Called with the import lock held, it
     imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
-    if fullname in _refused:
-        raise HotfixError(_refused[fullname])
     if _active is not None and fullname not in sys.modules:
-        hooks = [r.hook for r in _active.records.values() if r.hooked and r.patch.module == fullname]
-        hooks += [_active.gauges] if fullname == "prometheus_client" and _active.metrics and _active.enabled else []
+        hooks = [hook for i, (module, hook) in enumerate(_active.hooks) if module == fullname and i in _active.hooked]
         if hooks:  # (an empty entry would make wrapt's finder take the module)
             _rearm(fullname, hooks)
 
 
-_refused: dict[str, str] = {}  # module -> the error its import raised
 _finder = types.SimpleNamespace(find_spec=_find)
 
 
 def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     """The owner, attribute name and plain function ``patch`` targets in ``module``."""
     owner, name, function = state.attribute(module, patch.qualname)
+    if module is None:
+        raise Absent(f"this vLLM has no module {patch.module}")
     if function is None:
         raise Absent(f"{owner.__name__} defines no {name}" if isinstance(owner, (type, types.ModuleType)) else
                      f"{module.__name__} has no class {patch.qualname.rpartition('.')[0]}")
@@ -310,17 +292,18 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
 
 
 def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's function, its answer passed through the patch's correction (a stop: its check first)."""
+    """vLLM's function, called with the arguments the patch's arguments step gives, its answer passed through
+    the patch's correction."""
     patch = record.patch
 
     @functools.wraps(original)
     def patched(*args: Any, **kwargs: Any) -> Any:
         record.calls += 1
-        if patch.check is not None:
-            _run(activation, record, None, patch.check, *args, **kwargs)
+        changed = _run(activation, record, None, patch.arguments, *args, **kwargs)
+        if changed is not None:
+            args, kwargs = changed
+            record.corrections += 1
         answer = original(*args, **kwargs)  # vLLM's own errors pass through as they are
-        if patch.correction is None:
-            return answer
         result = _run(activation, record, answer, patch.correction, answer, *args, **kwargs)
         if result is not answer:
             record.corrections += 1
@@ -332,19 +315,19 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
 def _run(activation: Activation, record: Record, default: Any, function: Callable[..., Any], *args: Any,
          **kwargs: Any) -> Any:
     """The patch's own code under the failure policy: a finding stops vLLM; any other error is
-    said (once, unless strict mode stops vLLM) and ``default``, vLLM's answer, is returned."""
-    patch = record.patch
+    said (once, unless strict mode stops vLLM) and ``default``, what vLLM gave, is returned."""
     try:
         return function(*args, **kwargs)
     except Finding as exc:
-        _fail(activation, patch, str(exc), stop=True)  # its own words say what helps
+        _fail(activation, record.patch, str(exc), stop=True)  # its own words say what helps
     except Exception as exc:
-        what = "correction" if function is patch.correction else "check"
+        correction = function is record.patch.correction
+        what, kept = ("correction", "result") if correction else ("arguments step", "arguments")
         if not record.raised or activation.settings.strict:
-            record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own result returned)"
+            record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own {kept} used)"
             _report(activation)
-            _fail(activation, patch, f"{what} raised {type(exc).__name__}: {exc} in {patch.target}; vLLM's own "
-                                     "result is returned", cause=exc)
+            _fail(activation, record.patch, f"{what} raised {type(exc).__name__}: {exc} in {record.patch.target}; "
+                                            f"vLLM's own {kept} used", cause=exc)
     return default
 
 

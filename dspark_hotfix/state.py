@@ -67,8 +67,6 @@ class Record:
         self.raised = ""  # what the correction raised, if it ever did
         self.wrapper: Any = None  # what vLLM's function was replaced with
         self.module: Any = None  # the module the decision was made on
-        self.hook: Any = None  # its post-import hook (the registry's)
-        self.hooked = False  # its post-import hook is registered (it stays so)
 
 
 def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:

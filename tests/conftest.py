@@ -164,7 +164,6 @@ def forget() -> None:
     from dspark_hotfix import metrics, registry
 
     registry._active = None
-    registry._refused.clear()  # strict mode's refusals
     dspark_hotfix._enabled = None
     for name in [m for m in sys.modules if m in ("vllm", "warmup") or m.startswith("vllm.")]:
         del sys.modules[name]

@@ -60,7 +60,7 @@ FAREWELL = Patch(name="toy_farewell", module="vllm.toy_model", qualname="Greeter
                  parameters=("self", "name"), correction=_farewell, probe=_probe_farewell,
                  absent="the toy build says no farewell")
 PLANNER = Patch(name="toy_planner", module="vllm.toy_planner", qualname="plan", parameters=("config", "items"),
-                check=_check_plan, probe=_probe_plan, everywhere=True)
+                arguments=_check_plan, stops=True, probe=_probe_plan, everywhere=True)
 TOYS = (GREETING, FAREWELL, PLANNER)
 NAMES = tuple(p.name for p in TOYS)
 

@@ -1,11 +1,12 @@
 """What a patch is: a target, a probe that decides, and the correction.
 
-A patch module shows its correction first: a plain function that takes what
-vLLM's function answered, then vLLM's arguments, and returns the answer vLLM's
-caller gets. A stop has a check instead, called with vLLM's arguments before
-vLLM's function runs. Patches never import the registry: a stop that finds what
-vLLM would not survive raises :class:`Finding`, and the registry alone decides
-what that means.
+A patch module shows its steps first, plain functions around one call of vLLM's
+function. ``arguments`` runs before it, with vLLM's arguments, and gives the
+arguments to call it with (None: as they are): it repairs a call that would fail.
+``correction`` runs after it: it takes what vLLM's function answered, then vLLM's
+arguments, and returns the answer vLLM's caller gets. A stop corrects nothing: its
+``arguments`` step only raises :class:`Finding` where vLLM would not survive.
+Patches never import the registry; the registry alone decides what a finding means.
 """
 
 from collections.abc import Callable
@@ -36,20 +37,18 @@ class Patch:
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
     # Whether the running vLLM needs the patch: calls vLLM's function with stand-in objects.
     probe: Callable[[Callable[..., Any]], Need]
-    # correction(vllm_answer, /, *vLLM's arguments): the answer to return.
-    correction: Callable[..., Any] | None = None
-    # check(*vLLM's arguments), before vLLM's function runs: a stop's.
-    check: Callable[..., Any] | None = None
+    # arguments(*vLLM's arguments), before vLLM's function runs: None to call it with them as they are,
+    # or the (args, kwargs) to call it with instead. By default, None.
+    arguments: Callable[..., tuple[tuple[Any, ...], dict[str, Any]] | None] = lambda *args, **kwargs: None
+    # correction(vllm_answer, /, *vLLM's arguments): the answer to return. By default, vLLM's answer.
+    correction: Callable[..., Any] = lambda answer, /, *args, **kwargs: answer
+    # A stop corrects nothing: its arguments step only stops vLLM, early and clearly, where vLLM would crash.
+    stops: bool = False
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
     absent: str = ""
     # Judged in every process that judges the other patches: where vLLM never imports its (light)
     # module, the registry does, so that every process kind gives the same verdict.
     everywhere: bool = False
-
-    @property
-    def stops(self) -> bool:
-        """A stop corrects nothing: it only stops vLLM early and clearly where vLLM would crash."""
-        return self.correction is None
 
     @property
     def target(self) -> str:

@@ -125,3 +125,17 @@ def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
     if fixed is spec:
         return Need(False, f"not needed (vLLM already returns {width} bytes/token)")
     return Need(True, f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})")
+
+
+def stand_in_pair(interface: Any, mode: Any) -> dict[str, Any]:
+    """A DeepSeek-V4 model's two kinds of ``fp8_ds_mla`` cache, as vLLM's specs (``interface`` is its
+    ``vllm.v1.kv_cache_interface``): a compressed-attention layer's and a sliding-window layer's."""
+    return {"full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
+            "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128)}
+
+
+def _spec(cls: Any, mode: Any, **values: Any) -> Any:
+    values.update(num_kv_heads=1, head_size=512, dtype=uint8_dtype(), kv_quant_mode=mode, cache_dtype_str=CACHE_DTYPE,
+                  alignment=PAGE_ALIGNMENT, model_version=MODEL_VERSION, state_content_bytes=BYTES_PER_TOKEN)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # the fields this release has
+    return cls(**{k: v for k, v in values.items() if k in names})

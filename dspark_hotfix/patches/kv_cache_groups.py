@@ -28,7 +28,6 @@ what turned the manager off and what helps. Everything else passes through.
 Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 """
 
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -39,11 +38,9 @@ from dspark_hotfix.patches.base import Finding, Need, Patch
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
-    MODEL_VERSION,
-    PAGE_ALIGNMENT,
     deepseek_v4_fp8_ds_mla,
     quant_mode,
-    uint8_dtype,
+    stand_in_pair,
 )
 
 
@@ -65,8 +62,7 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
     mode = quant_mode()
     interface = sys.modules["vllm.v1.kv_cache_interface"]
     try:
-        specs = {"full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
-                 "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128)}
+        specs = stand_in_pair(interface, mode)
     except Exception as exc:  # spec classes this probe does not know how to build
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
@@ -88,19 +84,13 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
                          f"{type(swa).__name__}(kv_quant_mode={mode_name}))")
 
 
-def _spec(cls: Any, mode: Any, **values: Any) -> Any:
-    values.update(num_kv_heads=1, head_size=512, dtype=uint8_dtype(), kv_quant_mode=mode, cache_dtype_str=CACHE_DTYPE,
-                  alignment=PAGE_ALIGNMENT, model_version=MODEL_VERSION)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
 PATCH = Patch(
     name="kv_cache_groups",
     module="vllm.v1.core.kv_cache_utils",
     qualname="get_kv_cache_groups",
     parameters=("vllm_config", "kv_cache_spec"),
-    check=check,
+    arguments=check,
+    stops=True,
     probe=probe,
     absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
     everywhere=True,

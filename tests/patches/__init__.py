@@ -55,6 +55,33 @@ class Revert:
     replacement: str | None  # None: the line is dropped
 
 
+KVI = "vllm/v1/kv_cache_interface.py"
+SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"  # where the stand-in builds its sliding-window spec
+
+# The stand-in builds several patches meet, each written once: a patch that meets one declares it in its FAULTS
+# under the same name, with what its status says there (``Fault(BUILDS[name], detail, ...)``).
+BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
+    "get_kv_quant_mode missing": {KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
+    # Spec classes a probe cannot build or size: it cannot tell, and leaves vLLM's function alone.
+    "spec class with an unknown required field": {
+        KVI: [("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
+              ("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+               "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
+               "    window_layout: InitVar[str]\n\n"
+               "    def __post_init__(self, window_layout: str) -> None:\n"
+               "        super().__post_init__()\n")],
+        SWA_FILE: [('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')]},
+    "spec page rule raises": {
+        KVI: [("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+               "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
+               "    @property\n"
+               "    def real_page_size_bytes(self) -> int:\n"
+               "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
+               "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
+               "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
+}
+
+
 def declared(patch: Patch) -> ModuleType:
     """The test module of ``patch``: tests/patches/test_<name>.py."""
     return importlib.import_module(f"tests.patches.test_{patch.name}")

@@ -6,10 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from dspark_hotfix.patches.attention_kv_cache_spec import PATCH
-from tests.patches import Fault, Revert, module_file
+from tests.patches import BUILDS, Fault, Revert, module_file
 
 FILE = module_file(PATCH)
-KVI = "vllm/v1/kv_cache_interface.py"
 # Upstream PR #47716.
 FIX = [("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
        ('model_version="deepseek_v4",',
@@ -22,8 +21,7 @@ FAULTS = {
     "attention signature changed": Fault(
         {FILE: [("get_kv_cache_spec(self, vllm_config)", "get_kv_cache_spec(self, vllm_config, kv_sharing=None)")]},
         "unexpected signature"),
-    "get_kv_quant_mode missing": Fault({KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
-                                       "get_kv_quant_mode"),
+    "get_kv_quant_mode missing": Fault(BUILDS["get_kv_quant_mode missing"], "get_kv_quant_mode"),
 }
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
 REVERT = (Revert("models/deepseek_v4/attention.py", "DeepseekV4Attention.get_kv_cache_spec",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from dspark_hotfix.patches.swa_kv_cache_spec import PATCH
-from tests.patches import Fault, Revert, module_file
+from tests.patches import BUILDS, Fault, Revert, module_file
 
 FILE = module_file(PATCH)
-KVI = "vllm/v1/kv_cache_interface.py"
 # Upstream PR #47716.
 FIX = [("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
        ('model_version="deepseek_v4",',
@@ -23,26 +22,11 @@ FAULTS = {
     "swa signature changed": Fault(
         {FILE: [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]},
         "unexpected signature"),
-    "get_kv_quant_mode missing": Fault({KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
-                                       "get_kv_quant_mode"),
-    "spec class with an unknown required field": Fault(
-        {KVI: [("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
-               ("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
-                "    window_layout: InitVar[str]\n\n"
-                "    def __post_init__(self, window_layout: str) -> None:\n"
-                "        super().__post_init__()\n")],
-         FILE: [('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')]},
-        "probe inconclusive (ValueError", state="undecided"),
-    "spec page rule raises": Fault(
-        {KVI: [("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
-                "    @property\n"
-                "    def real_page_size_bytes(self) -> int:\n"
-                "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
-                "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
-                "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
-        "probe inconclusive (NotImplementedError", state="undecided"),
+    "get_kv_quant_mode missing": Fault(BUILDS["get_kv_quant_mode missing"], "get_kv_quant_mode"),
+    "spec class with an unknown required field": Fault(BUILDS["spec class with an unknown required field"],
+                                                       "probe inconclusive (ValueError", state="undecided"),
+    "spec page rule raises": Fault(BUILDS["spec page rule raises"], "probe inconclusive (NotImplementedError",
+                                   state="undecided"),
 }
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
 REVERT = (Revert("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache.get_kv_cache_spec",

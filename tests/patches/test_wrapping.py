@@ -1,8 +1,8 @@
 """How a patch is wrapped around vLLM's function, on the toy patches (tests/toys.py) in this process: the
-wrapper takes vLLM's arguments as vLLM's function does (whatever their names), calls vLLM once and passes its
-answer through the correction; a correction or check that raises gives vLLM's own answer, said once; a finding
-stops vLLM worded as the finding. And a target module this vLLM lacks leaves its patches waiting, without a
-word, while ``dspark-hotfix status`` names it."""
+wrapper takes vLLM's arguments as vLLM's function does (whatever their names), calls vLLM once, with what the
+arguments step gives, and passes its answer through the correction; a step that raises gives what vLLM gave,
+said once; a finding stops vLLM worded as the finding. And a target module this vLLM lacks: judged where the
+registry imports it (``everywhere``), else left waiting without a word, while ``dspark-hotfix status`` names it."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
     assert wrapper.__wrapped__ is namespace["target"]  # type: ignore[attr-defined]
 
 
-# Spies standing for vLLM's toy functions: the one patch is a toy with its correction or check changed.
+# Spies standing for vLLM's toy functions: the one patch is a toy with its steps changed.
 
 
 def greeter(monkeypatch, **changes: Any) -> tuple[list, Any]:
@@ -104,7 +104,6 @@ def planner(monkeypatch, **changes: Any) -> tuple[list, ModuleType]:
 def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correction(toys, monkeypatch):
     seen: list = []
 
-    assert GREETING.correction is not None
     correct = GREETING.correction
 
     def correction(answer, /, self, name):
@@ -115,6 +114,20 @@ def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correctio
     assert greeting.greet("ada") == "hello, ada"
     assert calls == ["ada"] and seen == ["helo, ada"]
     assert toys.status()[GREETING.name]["corrections"] == 1
+
+
+@pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
+def test_an_arguments_step_calls_vllm_with_the_arguments_it_gives_and_none_keeps_them(toys, monkeypatch, keywords):
+    # A repair of the call: vLLM's function runs once, with what the step gave, where it gave anything.
+    def arguments(self, name):
+        return None if name == "ada" else ((self,), {"name": name.lower()})
+
+    calls, greeting = greeter(monkeypatch, arguments=arguments, correction=lambda answer, /, self, name: answer)
+    call = (lambda name: greeting.greet(name=name)) if keywords else greeting.greet
+    assert [call("ada"), call("BOB")] == ["helo, ada", "helo, bob"]
+    assert calls == ["ada", "bob"]
+    row = toys.status()[GREETING.name]
+    assert (row["state"], row["calls"], row["corrections"]) == ("patched", 2, 1)
 
 
 def test_vllms_own_error_passes_through_and_no_correction_runs(toys, monkeypatch):
@@ -137,23 +150,23 @@ def test_a_correction_that_raises_gives_vllms_answer_and_says_so_once(toys, monk
     assert toys.states()[GREETING.name] == "raised"
 
 
-def test_a_check_that_raises_gives_vllms_answer_and_says_so_once(toys, monkeypatch):
-    calls, module = planner(monkeypatch, check=broken)
+def test_an_arguments_step_that_raises_gives_vllms_answer_and_says_so_once(toys, monkeypatch):
+    calls, module = planner(monkeypatch, arguments=broken)
     compact = SimpleNamespace(compact=True)
     assert [module.plan(compact, [1, 2]) for _ in range(2)] == [[1]] * 2 and calls == [[1, 2]] * 2
     (warning,) = toys.lines("WARNING")
-    assert warning.startswith(f"{PLANNER.name}: check raised ValueError: no layout"), warning
+    assert warning.startswith(f"{PLANNER.name}: arguments step raised ValueError: no layout"), warning
 
 
 def finds(*args: Any) -> None:
     raise Finding("views too narrow")
 
 
-@pytest.mark.parametrize("kind", ["check", "correction"])
+@pytest.mark.parametrize("kind", ["arguments", "correction"])
 def test_a_finding_stops_vllm_worded_as_the_finding(toys, monkeypatch, kind):
-    """A stop's check finds before vLLM's function runs (it never runs); a correction after it ran."""
-    if kind == "check":
-        calls, module = planner(monkeypatch, check=finds)
+    """A stop's arguments step finds before vLLM's function runs (it never runs); a correction after it ran."""
+    if kind == "arguments":
+        calls, module = planner(monkeypatch, arguments=finds)
         name, call = PLANNER.name, lambda: module.plan(SimpleNamespace(compact=True), [1, 2])
     else:
         calls, greeting = greeter(monkeypatch, correction=finds)
@@ -161,7 +174,7 @@ def test_a_finding_stops_vllm_worded_as_the_finding(toys, monkeypatch, kind):
     with pytest.raises(HotfixError, match=rf"^{name}: views too narrow$") as stopped:
         call()
     assert " raised " not in str(stopped.value)
-    assert calls == ([] if kind == "check" else ["ada"])
+    assert calls == ([] if kind == "arguments" else ["ada"])
 
 
 # A target module this vLLM lacks (an older release that ships no such module, say).
@@ -174,22 +187,47 @@ def without(monkeypatch, tmp_path, patch) -> None:
 
 
 @pytest.mark.parametrize("strict", [None, "1"], ids=["default", "strict"])
-@pytest.mark.parametrize(("missing", "imported"), [(PLANNER, GREETING), (GREETING, PLANNER)],
-                         ids=["without the stop's module", "without the corrections' module"])
-def test_a_missing_target_module_leaves_its_patches_waiting_without_a_warning(toys, monkeypatch, tmp_path, missing,
-                                                                               imported, strict):
-    # Never imported: nothing failed, nothing to say, strict or not. An everywhere patch's module the
-    # registry fails to import itself waits the same way.
-    without(monkeypatch, tmp_path, missing)
+def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_without_a_warning(toys, monkeypatch,
+                                                                                                tmp_path, strict):
+    # Never imported: nothing failed, nothing to say, strict or not.
+    without(monkeypatch, tmp_path, GREETING)
     if strict:
         monkeypatch.setenv("DSPARK_HOTFIX_STRICT", strict)
     dspark_hotfix.install()
-    importlib.import_module(imported.module)
+    importlib.import_module(PLANNER.module)
     rows = toys.status()
-    for patch in [p for p in toy_patches.TOYS if p.module == missing.module]:
+    for patch in [p for p in toy_patches.TOYS if p.module == GREETING.module]:
         assert rows[patch.name]["state"] == "pending", rows[patch.name]
-        assert f"waiting for {missing.module}" in rows[patch.name]["detail"]
-    assert rows[imported.name]["state"] == "patched"
+        assert f"waiting for {GREETING.module}" in rows[patch.name]["detail"]
+    assert rows[PLANNER.name]["state"] == "patched"
+    assert toys.lines("WARNING") == []
+
+
+@pytest.mark.parametrize("absent", ["", "the toy build plans elsewhere"], ids=["cannot tell", "absence is fine"])
+def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(toys, monkeypatch, tmp_path, absent):
+    # not_needed with the patch's reason where its absence means the bug cannot happen; a problem, said, where
+    # the patch cannot tell. Either way the line is said.
+    without(monkeypatch, tmp_path, PLANNER)
+    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (GREETING, dataclasses.replace(PLANNER, absent=absent)))
+    dspark_hotfix.install()
+    importlib.import_module(GREETING.module)
+    row = toys.status()[PLANNER.name]
+    assert row["state"] == ("not_needed" if absent else "failed"), row
+    assert f"this vLLM has no module {PLANNER.module}" in row["detail"] and absent in row["detail"]
+    (line,) = toys.summaries()
+    assert line.endswith("fixing: 1 patched (toy_greeting), 1 not_needed" if absent else
+                         "problem: 1 patched (toy_greeting), 1 failed (toy_planner)"), line
+    assert len(toys.lines("WARNING")) == (0 if absent else 1)  # the failure
+
+
+def test_an_everywhere_patch_whose_module_fails_to_import_waits(toys, monkeypatch, tmp_path):
+    # Its module is there but raises: vLLM's own error to meet; the patch waits for a good import.
+    broken = [("def plan", "raise ImportError('broken')\ndef plan")]
+    build = edited_standin(tmp_path / "standin", {toy_patches.module_file(PLANNER): broken})
+    monkeypatch.syspath_prepend(str(build))
+    dspark_hotfix.install()
+    importlib.import_module(GREETING.module)
+    assert toys.status()[PLANNER.name]["state"] == "pending"
     assert toys.lines("WARNING") == []
 
 

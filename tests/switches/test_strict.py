@@ -17,6 +17,7 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix import HotfixError, config
+from dspark_hotfix.startup.sitecustomize import VllmImportWatcher
 from tests.child import print_status, use_toys
 from tests.conftest import json_lines, program, run_python
 from tests.reporting.inprocess import activate, build, strict
@@ -120,20 +121,21 @@ def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
 # interpreter without it.
 
 def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_why(toys, monkeypatch):
-    # A retried import must not load vLLM unpatched, and a wrapt that is not the one the shim knows is
-    # as unusable as none: strict mode stops, status() says failed (not pending) and why.
+    # A retried import must not load vLLM unpatched: the start-up hook activates again at each import of
+    # vllm that did not complete. A wrapt that is not the one the shim knows is as unusable as none: strict
+    # mode stops, status() says failed (not pending) and why.
     monkeypatch.setitem(sys.modules, "wrapt", types.ModuleType("wrapt"))  # no register_post_import_hook
     strict(monkeypatch)
-    with pytest.raises(HotfixError) as stopped:
-        dspark_hotfix.install("sitecustomize")
-    assert "wrapt" in str(stopped.value) and "install wrapt" in str(stopped.value)
+    monkeypatch.setattr(sys, "meta_path", [VllmImportWatcher("sitecustomize"), *sys.meta_path])
     errors = []
     for _ in range(3):
         try:
             importlib.import_module(GREETING.module)
         except Exception as exc:
-            errors.append(type(exc).__name__)
-    assert errors == ["HotfixError"] * 3
+            errors.append(exc)
+    assert [type(exc).__name__ for exc in errors] == ["HotfixError"] * 3
+    assert all("wrapt" in str(exc) and "install wrapt" in str(exc) for exc in errors), errors
+    assert "vllm" not in sys.modules
     rows = toys.status()
     assert {row["state"] for row in rows.values()} == {"failed"}
     assert all("wrapt is not usable" in row["detail"] for row in rows.values()), rows
