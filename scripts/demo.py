@@ -76,9 +76,12 @@ def main() -> int:
         print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its weights.")
     for patch in ALL:
         row = on["patches"][patch.name]
-        if row["corrections"]:
-            n = row["corrections"]
+        n, applied = row["corrections"], row["state"] == "patched" and not patch.stops
+        if n:
             print(f"   {patch.name} corrected {n} answer{'s' * (n != 1)} of {patch.qualname}:")
+        elif applied:  # a repair of a path this start does not take
+            print(f"   {patch.name} is applied; this start does not call {patch.qualname}:")
+        if n or applied:
             print(f"     {what(patch)}")
     print("   Where a patch is not in place, the shim's line, status and doctor say problem.\n")
     print("Next: in your serving image, with the server's environment, run")

@@ -25,12 +25,17 @@ VERSIONS = ("0.25.0", "0.33.0")
 # Where what the shim says is measured (tests/real_vllm/test_lines.py), 0.28.0 too: the first release
 # whose hybrid-off path keeps the layout, so the first on which the shim is removable.
 LINES_VERSIONS = ("0.25.0", "0.28.0", "0.33.0")
-WRAPT = {"0.25.0": "wrapt==1.17.3", "0.28.0": "wrapt>=2,<3", "0.33.0": "wrapt>=2,<3"}
+WRAPT = {"0.25.0": "wrapt==1.17.3"}  # any other release: the newest 2.x
+NEWEST_WRAPT = "wrapt>=2,<3"
 EXTRA = ("pytest>=8",)
 # vllm==0.28.0 resolves here to torch 2.13.0+cpu beside torchvision and torchaudio built for other
 # torches, whose import fails ("operator torchvision::nms does not exist"); transformers imports them
 # where they are installed, vLLM's DeepSeek-V4 modules need neither: they are removed.
 MISMATCHED = {"0.28.0": ("torchvision", "torchaudio", "torchcodec")}
+# vllm==0.34.0 pins flashinfer-python==0.7.3, which the registry this project reaches does not carry: its wheel
+# is installed without dependencies over 0.33.0's venv (on sys.path through a .pth file), whose dependencies
+# its KV-cache modules import as they are (tests/patches/test_promote_local_specs.py reads it).
+DEPENDENCIES_OF = {"0.34.0": "0.33.0"}
 
 
 def cache_dir() -> Path:
@@ -56,7 +61,9 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
     venv = cache_dir() / f"venv-vllm-{version}"
     python = venv / "bin" / "python"
     stamp = venv / ".dspark-hotfix-ready"
-    wanted = " ".join((f"vllm=={version}", *EXTRA, WRAPT[version]))
+    base = DEPENDENCIES_OF.get(version)
+    install = [f"vllm=={version}", *(["--no-deps"] if base else [*EXTRA, WRAPT.get(version, NEWEST_WRAPT)])]
+    wanted = " ".join(install) + (f" over vllm=={base}" if base else "")
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         # The tier activates the shim from the checkout only: an installed copy
         # (its plugin entry point) left there by hand would blur what is tested.
@@ -65,8 +72,11 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
     start = time.monotonic()
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if base:
+        base_python, _ = ensure_venv(base)
+        (site_packages(python) / f"dependencies-of-vllm-{base}.pth").write_text(f"{site_packages(base_python)}\n")
     proc = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted.split()],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *install],
         capture_output=True,
         text=True,
     )
@@ -80,3 +90,9 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
                        capture_output=True)
     stamp.write_text(wanted)
     return python, time.monotonic() - start
+
+
+def site_packages(python: Path) -> Path:
+    """The site-packages directory of the venv of ``python``."""
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip())

@@ -41,11 +41,23 @@ kv_cache_groups (a stop)
     stops such an engine at KV-cache grouping with the cause and what helps.
     Upstream: vllm-project/vllm#47776.
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
+
+promote_local_specs
+    Target: ``vllm.v1.core.kv_cache_planning.replace_as`` (as the promotion of local specs calls it).
+    Why: with the hybrid KV cache manager off, vLLM 0.33.0 rebuilds a DeepSeek-V4
+    sliding-window spec as ``MLAAttentionSpec`` passing ``bounded_replay``, which
+    that class lacks: ``TypeError``, and DeepSeek-V4 cannot start. It repairs the
+    call (its arguments step): ``bounded_replay`` is dropped as well.
+    How it decides: vLLM's promotion of a stand-in DeepSeek-V4 pair raises, and
+    repaired keeps the layout (584 bytes per token).
+    Upstream: fixed in vLLM 0.34.0.
+    Remove: with vLLM 0.34.0 or later.
 """
 
 from dspark_hotfix.patches import (
     attention_kv_cache_spec,
     kv_cache_groups,
+    promote_local_specs,
     remap_dspark_name,
     swa_kv_cache_spec,
 )
@@ -56,6 +68,7 @@ ALL: tuple[Patch, ...] = (
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
     kv_cache_groups.PATCH,
+    promote_local_specs.PATCH,
 )
 
 __all__ = ["ALL", "Finding", "Need", "Patch"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 
 
@@ -74,9 +74,17 @@ class _DeepseekV4Spec(AttentionSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class MLAAttentionSpec(_DeepseekV4Spec):
-    pass
+    sliding_window: int | None = None  # set where a sliding-window spec was promoted to full attention
 
 
 @dataclass(frozen=True, kw_only=True)
 class SlidingWindowMLASpec(_DeepseekV4Spec):
     sliding_window: int
+    extra_retained_tokens: int = 0  # (vLLM 0.33.0's fields)
+    bounded_replay: bool = False
+
+
+def replace_as(spec, target_cls, *, drop=(), **changes):
+    """``spec`` rebuilt as ``target_cls``: each of its fields passed on, but those in ``drop``, then ``changes``."""
+    values = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init and f.name not in drop}
+    return target_cls(**{**values, **changes})
