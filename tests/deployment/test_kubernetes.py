@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,20 +24,13 @@ import dspark_hotfix
 from dspark_hotfix.startup import sitecustomize
 from scripts import dist
 from tests import kubernetes
-from tests.cache import unavailable
+from tests.cache import offline
 from tests.conftest import REPO, STANDIN
 
 
 @pytest.fixture(scope="module")
 def site():
     return kubernetes.validator_site()
-
-
-def offline() -> tuple[str, ...]:
-    """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
-        unavailable("needs unshare --net (root) to run the validator without a network")
-    return ("unshare", "--net")
 
 
 @pytest.mark.parametrize("arm", sorted(kubernetes.ARMS))
