@@ -58,7 +58,6 @@ def api() -> None:
 
 def engine() -> None:
     import importlib
-
     import importlib.util
 
     for module in ENGINE:
