@@ -41,6 +41,9 @@ The client and each server run on cores of their own, and each run records what 
 steps, CPU seconds per process, the host's stolen time, the GPU's clock. `--keep-servers` leaves
 the bench servers running when the call ends, and the next call's `--attach` benchmarks the same
 processes on (a machine stays warm for 30 s between calls; a CUDA-graph server takes minutes to start).
+With --real, `--bench tolerant,tolerant-plugin` measures the silent form: the plugin against the
+tolerant build without the shim (REFERENCES), acceptance by draft position, and every run's whole
+/metrics appended to metrics-ARM.prom (what an SRE's Prometheus would have scraped).
 
 Every server process writes the shim's call counts (dspark_hotfix.status()) when the harness asks:
 at ready, before any request, and again after the probe or the benchmark (COUNTS_HOOK, started by a
