@@ -20,9 +20,6 @@ import dspark_hotfix
 from dspark_hotfix import config, patches, registry, state
 
 PLUGIN_NAME = "dspark_hotfix"
-# What a guarding shim stops: the one setting on which a vLLM with the upstream fix still crashes.
-GUARDED = ("vLLM with the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager, or a --kv-transfer-config "
-           "connector without hybrid support)")
 FLAGS = (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated"))  # each keeps the start-up hook out
 
 
@@ -84,8 +81,9 @@ def report(source: str) -> dict[str, Any]:
             for module in dict.fromkeys(p.module for p in patches.ALL):  # activated as in the server, where it is
                 try:
                     importlib.import_module(module)
-                except Exception as exc:
-                    problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
+                except Exception as exc:  # but a module this vLLM lacks: its patches are judged so (Patch.absent)
+                    if not (isinstance(exc, ModuleNotFoundError) and exc.name == module):
+                        problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
             registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
     out = registry.status()
     out.update(vllm=version, warnings=[w for w in [config.settings().warning] if w])
@@ -178,8 +176,9 @@ def render(report: dict[str, Any]) -> str:
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     verdict = report["verdict"]
-    if verdict == "guarding":  # its patched rows are stops
-        stops = ", ".join(row["name"] for row in report["patches"] if row["state"] == state.PATCHED)
-        lines.append(f"guards        {stops}: stops {GUARDED}; remove the shim where no deployment uses that")
+    if verdict == "guarding":  # its patched rows are stops: each says what it stops, its step's first paragraph
+        said = {p.name: " ".join((p.arguments.__doc__ or "").split("\n\n")[0].split()).rstrip(".") for p in patches.ALL}
+        lines += [f"guards        {row['name']}: {said.get(row['name'])}; remove the shim where no deployment uses that"
+                  for row in report["patches"] if row["state"] == state.PATCHED]
     lines.append(f"verdict       {verdict}: {state.VERDICTS[verdict]} (exit {report['exit_code']})")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ def _probe_farewell(vllm_farewell: Any) -> Need:
 
 
 def _check_plan(config: Any, items: Any) -> None:
+    """Stops the toy planner with compact on."""
     if getattr(config, "compact", False):
         raise Finding("the toy planner drops an item when compact is on; turn compact off")
 

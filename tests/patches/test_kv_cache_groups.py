@@ -14,7 +14,7 @@ import pytest
 import dspark_hotfix
 from dspark_hotfix.patches import ALL
 from dspark_hotfix.patches.kv_cache_groups import PATCH
-from tests.conftest import state_of
+from tests.conftest import REPO, state_of
 from tests.patches import BUILDS, Fault, module_file
 
 # vLLM 0.28.0's hybrid-off grouping keeps the layout (vllm#51612).
@@ -141,6 +141,14 @@ def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(stand
     (summary,) = shim.summaries()
     patched = [p.name for p in ALL if p is not PATCH]
     assert summary.endswith(f": fixing: {len(patched)} patched ({', '.join(patched)}), 1 not_needed")
+
+
+def test_what_doctor_says_it_guards_names_the_settings_the_readmes_removal_rule_names():
+    # doctor's `guards` row is the first paragraph of the stop's step; the README's rule must say the same.
+    said = " ".join((PATCH.arguments.__doc__ or "").split("\n\n")[0].split())
+    rule = (REPO / "README.md").read_text().split("**The rule:**")[1].split("\n\n")[0]
+    for setting in ("hybrid KV cache manager", "--disable-hybrid-kv-cache-manager", "--kv-transfer-config"):
+        assert setting in said and setting in rule, (setting, said, rule)
 
 
 def test_a_vllm_without_kv_cache_utils_grouping_does_not_need_the_stop(standin_shim):

@@ -232,8 +232,10 @@ def test_an_everywhere_patch_whose_module_fails_to_import_waits(toys, monkeypatc
 
 
 def test_dspark_hotfix_status_names_a_target_module_it_cannot_import(toys, monkeypatch, tmp_path, capsys):
-    without(monkeypatch, tmp_path, PLANNER)
+    # One that is there but fails (a module this vLLM lacks is its patches' to judge: see above).
+    broken = [("def plan", "raise ImportError('broken')\ndef plan")]
+    monkeypatch.syspath_prepend(str(edited_standin(tmp_path / "standin", {toy_patches.module_file(PLANNER): broken})))
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # `status` drops it from os.environ
     assert cli.main(["status"]) == 1
     out = capsys.readouterr().out
-    assert f"PROBLEM       cannot import {PLANNER.module}: ModuleNotFoundError" in out, out
+    assert f"PROBLEM       cannot import {PLANNER.module}: ImportError: broken" in out, out
