@@ -19,8 +19,8 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff format --check harness
 	$(PY) -m mypy
 
-FAST := not real_vllm and not oci and not ray and not coexist and not sweep
-SLOW := real_vllm or oci or ray or coexist
+FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_stand_in
+SLOW := real_vllm or oci or ray or coexist or sweep_stand_in
 
 test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray and coexistence tiers
 

@@ -56,7 +56,8 @@ def scraped(row: dict) -> Scrape:
 def test_one_api_server_serves_the_states_of_its_own_process_from_the_default_registry():
     (api,) = run("api")
     assert api["default"]
-    assert api["imported"] == TARGETS  # by vLLM's own imports, as a server's API server: every patch's module
+    # By vLLM's own imports, as a server's API server: every patch's module this release has.
+    assert api["imported"] == api["present"] and set(api["present"]) <= set(TARGETS), api
     scrape = scraped(api)
     assert scrape.info == {("sitecustomize", __version__, None): 1}
     assert scrape.current() == DECIDED

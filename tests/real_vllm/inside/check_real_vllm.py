@@ -44,7 +44,7 @@ def vllm_function(patch: Patch) -> tuple[Any, Any]:
     """The class (or module) that holds the patch's target, and what it holds under the target's name
     (None where this release has neither)."""
     *owners, name = patch.qualname.split(".")
-    owner: Any = sys.modules[patch.module]
+    owner: Any = sys.modules.get(patch.module)  # None: a module this release lacks
     for part in owners:
         owner = getattr(owner, part, None)
     return owner, None if owner is None else vars(owner).get(name)

@@ -38,6 +38,8 @@ def api() -> None:
 
     get_quantization_config("deepseek_v4_fp8")  # as ModelConfig checks a quantized checkpoint: any method imports it
 
+    from importlib.util import find_spec
+
     import vllm.v1.engine.async_llm  # noqa: F401
     from fastapi import FastAPI
     from prometheus_client import REGISTRY, generate_latest
@@ -53,7 +55,8 @@ def api() -> None:
     registry = get_prometheus_registry()
     print(json.dumps({"pid": os.getpid(), "status": response.status_code, "default": registry is REGISTRY,
                       "served": samples(response.text), "direct": samples(generate_latest(registry).decode()),
-                      "imported": [m for m in json.loads(os.environ["TARGET_MODULES"]) if m in sys.modules]}))
+                      "imported": [m for m in json.loads(os.environ["TARGET_MODULES"]) if m in sys.modules],
+                      "present": [m for m in json.loads(os.environ["TARGET_MODULES"]) if find_spec(m) is not None]}))
 
 
 def engine() -> None:
