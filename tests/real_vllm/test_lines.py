@@ -115,11 +115,14 @@ def test_every_kind_of_process_gives_one_verdict_per_build(measured):
     for build, kinds in measured.items():
         verdicts = {kind: lines[-1].split(":")[0] for kind, lines in kinds.items()}
         assert len(set(verdicts.values())) == 1, (build, verdicts)
-    # The verdict each build's declared states give: a correction applied fixes, a stop alone guards.
     for build, kinds in measured.items():
-        patched = [p for p in ALL if runs.expected(build)[p.name] == "patched"]
-        verdict = "fixing" if any(not p.stops for p in patched) else "guarding" if patched else "removable"
-        assert all(lines[-1].startswith(f"{verdict}: ") for lines in kinds.values()), (build, verdict, kinds)
+        assert all(lines[-1].startswith(f"{verdict(build)}: ") for lines in kinds.values()), (build, kinds)
+
+
+def verdict(build: str) -> str:
+    """The verdict a build's declared states give: a correction applied fixes, a stop alone guards."""
+    patched = [p for p in ALL if runs.expected(build)[p.name] == "patched"]
+    return "fixing" if any(not p.stops for p in patched) else "guarding" if patched else "removable"
 
 
 def decorate_logs() -> None:
@@ -153,4 +156,4 @@ def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_t
     pid = first.split(" (pid ", 1)[1].split(")", 1)[0]
     assert first.startswith("INFO ") and again.startswith(f"(EngineCore pid={pid}) INFO "), (first, again)
     assert state_of(first.split("[dspark_hotfix] ", 1)[1]) == state_of(again.split("[dspark_hotfix] ", 1)[1])
-    assert "via sitecustomize: guarding: " in again  # vLLM 0.25.0 as released
+    assert f"via sitecustomize: {verdict('0.25.0')}: " in again  # vLLM 0.25.0 as released
