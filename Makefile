@@ -64,7 +64,7 @@ gpu-evidence:  ## step 1 of 3: fetch FlashMLA from vLLM 0.25.0's wheel into .gpu
 bench: $(VENV)/.ready  ## A/B costs of the shim (start-up, vLLM import, per call, memory) -> docs/BENCHMARKS.md
 	$(PY) bench/run.py
 
-dist: $(VENV)/.ready  ## the sdist and wheel of HEAD (uncommitted files never ship) and wrapt's pinned wheel, byte for byte the same on every rebuild, and dist/SHA256SUMS
+dist: $(VENV)/.ready  ## the sdist and wheel of HEAD (uncommitted files never ship; VERSION.postN.dev0+gHASH after a release's commit) and wrapt's pinned wheel, byte for byte the same on every rebuild under any umask, offline once run, and dist/SHA256SUMS
 	$(PY) scripts/dist.py dist
 
 clean:

@@ -28,12 +28,13 @@ class HotfixError(RuntimeError):
 
 def enabled():
     """``DSPARK_HOTFIX``: on where unset, blank or a true word; off otherwise. A value that is
-    neither a true nor a false word is said once on stderr (:func:`~dspark_hotfix.startup.sitecustomize.switch`)."""
+    neither a true nor a false word is said once on stderr (:func:`~dspark_hotfix.startup.sitecustomize.switch`),
+    with the verdict ``status`` gives there, ``undecided``: nothing is judged."""
     global _enabled
     if _enabled is None:
         _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True, "the shim")
-        if problem:
-            say(f"dspark_hotfix: {problem}")
+        if problem:  # tagged as the state lines are (no logging here), with the verdict their alert reads
+            say(f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}): undecided: {problem}")
     return _enabled
 
 

@@ -20,6 +20,9 @@ import dspark_hotfix
 from dspark_hotfix import config, patches, registry, state
 
 PLUGIN_NAME = "dspark_hotfix"
+# What a guarding shim stops: the one setting on which a vLLM with the upstream fix still crashes.
+GUARDED = ("vLLM with the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager, or a --kv-transfer-config "
+           "connector without hybrid support)")
 FLAGS = (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated"))  # each keeps the start-up hook out
 
 
@@ -175,5 +178,8 @@ def render(report: dict[str, Any]) -> str:
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     verdict = report["verdict"]
+    if verdict == "guarding":  # its patched rows are stops
+        stops = ", ".join(row["name"] for row in report["patches"] if row["state"] == state.PATCHED)
+        lines.append(f"guards        {stops}: stops {GUARDED}; remove the shim where no deployment uses that")
     lines.append(f"verdict       {verdict}: {state.VERDICTS[verdict]} (exit {report['exit_code']})")
     return "\n".join(lines)

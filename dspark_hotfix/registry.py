@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import dspark_hotfix
@@ -122,18 +122,8 @@ def _register(activation: Activation) -> None:
                                     f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
 
 
-# wrapt's private names, here and in _after_fork_in_child (tests/activation/test_wrapt_internals.py holds them
-# to the wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
-
-def _rearm(module: str, hooks: Sequence[Callable[..., Any]]) -> None:
-    """Put the shim's hooks back for a new load of ``module``, where wrapt has not got them: wrapt drops a
-    module's hooks as it runs them, so an import that fails after that (an interrupt anywhere in it, in a
-    hook or after) would be retried without them."""
-    importer = sys.modules["wrapt.importer"]
-    with importer._post_import_hooks_lock:
-        armed = importer._post_import_hooks.setdefault(module, [])
-        armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
-
+# wrapt's private names, here, in _after_fork_in_child and in _find (tests/activation/test_wrapt_internals.py holds
+# them to the wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
 
 def _copyable(importer: Any) -> None:
     """Let the specs wrapt's importer hands out copy and pickle, as those of the shim's own loader do.
@@ -263,12 +253,16 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> None:
     load of a module the shim hooks, its hooks go back to wrapt wherever wrapt dropped them (an import
     cut short after its hooks ran), so a hook is armed whatever ended the module's last import: in strict
     mode, the hook whose HotfixError failed an import fails every retry of it the same way (without a usable
-    wrapt, every activation does). Called with the import lock held, it
-    imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
+    wrapt, every activation does). wrapt drops a module's hooks as it runs them, so without this an import
+    that fails after that would be retried unhooked. Called with the import lock held, it imports nothing;
+    it takes only wrapt's lock, as wrapt's finder does."""
     if _active is not None and fullname not in sys.modules:
         hooks = [hook for i, (module, hook) in enumerate(_active.hooks) if module == fullname and i in _active.hooked]
         if hooks:  # (an empty entry would make wrapt's finder take the module)
-            _rearm(fullname, hooks)
+            importer = sys.modules["wrapt.importer"]  # wrapt's private table of the hooks for a module's next load
+            with importer._post_import_hooks_lock:
+                armed = importer._post_import_hooks.setdefault(fullname, [])
+                armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
 
 
 _finder = types.SimpleNamespace(find_spec=_find)

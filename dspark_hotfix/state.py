@@ -38,7 +38,7 @@ STATES = (PATCHED, RAISED, NOT_NEEDED, UNDECIDED, PENDING, EXCLUDED, FAILED, DIS
 
 # The verdict: one word for the process, and what it means. Exit codes of status and doctor.
 VERDICTS = {
-    "fixing": "this vLLM has the reported bug, and the shim corrects it",
+    "fixing": "this vLLM has a bug a patch corrects or repairs, and the shim does",
     "guarding": "this vLLM has the fix; the shim corrects nothing and only stops early, naming the cause, a setting "
                 "this vLLM would crash on (the patched row): remove it only where no deployment uses that setting",
     "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",

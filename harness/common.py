@@ -76,7 +76,14 @@ def keep_out_of_git(folder: Path) -> None:
     """A staging folder at the repository root that .gitignore does not cover goes into .git/info/exclude."""
     probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False)
     if probe.returncode == 1:
-        exclude = REPO / ".git" / "info" / "exclude"
+        # a worktree's .git is a file: ask git where its exclude file is
+        where = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--git-path", "info/exclude"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        exclude = (REPO / where.stdout.strip()).resolve()
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with exclude.open("a") as handle:
             handle.write(f"/{folder.name}/\n")

@@ -42,6 +42,9 @@ The client and each server run on cores of their own, and each run records what 
 steps, CPU seconds per process, the host's stolen time, the GPU's clock. `--keep-servers` leaves
 the bench servers running when the call ends, and the next call's `--attach` benchmarks the same
 processes on (a machine stays warm for 30 s between calls; a CUDA-graph server takes minutes to start).
+With --real, `--bench tolerant,tolerant-plugin` measures the silent form: the plugin against the
+tolerant build without the shim (REFERENCES), acceptance by draft position, and every run's whole
+/metrics appended to metrics-ARM.prom (what an SRE's Prometheus would have scraped).
 
 Every server process writes the shim's call counts (dspark_hotfix.status()) when the harness asks:
 at ready, before any request, and again after the probe or the benchmark (COUNTS_HOOK, started by a
@@ -365,6 +368,7 @@ class Server:
         gpu_share: float,
         cpus: list[int] | None = None,
         eager: bool = True,
+        real: bool | None = None,
     ) -> None:
         self.label, self.arm, self.port = label, arm, port
         self.log_path = out / f"{label}.log"
@@ -374,7 +378,7 @@ class Server:
         # relax, vLLM's default: DeepGEMM compiles its kernels for every M at start-up, not while serving
         env["VLLM_DEEP_GEMM_WARMUP"] = args.deep_gemm_warmup
         env[COUNTS_ENV] = str(self.counts)
-        real = getattr(args, "real", False)
+        real = getattr(args, "real", False) if real is None else real
         self.command = [*prefix, *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager, real)]
         self.started = time.monotonic()
         self.log: Any = self.log_path.open("w")
@@ -616,6 +620,12 @@ def client_cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
+def scrape(arm, tag):  # the server's whole /metrics, as Prometheus scrapes it: one file per arm, appended
+    if plan.get("metrics_dir"):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{arm['port']}/metrics", timeout=30).read().decode()
+        with open(os.path.join(plan["metrics_dir"], f"metrics-{arm['arm']}.prom"), "a") as handle:
+            handle.write(f"# scrape arm={arm['arm']} {tag} epoch={time.time():.3f}\n{text}")
+
 def compiles(log):  # what a server compiled while serving: files its JIT caches gained, and TileLang's log lines
     text = open(log, errors="replace").read()
     return sum(1 for _ in Path(plan["jit_cache"]).rglob("*")) + text.count("TileLang begins to compile")
@@ -639,11 +649,14 @@ def one(arm, phase, rep):
             "server_cpu_s": {k: round(v - server.get(k, 0.0), 2) for k, v in group_cpu(arm.get("pgid")).items()},
             "host_busy": round(1 - (host[3] + host[4]) / max(1, sum(host)), 4),
             "host_steal": round(host[7] / max(1, sum(host)), 4), "epoch": [round(epoch, 2), round(time.time(), 2)]}
+    scrape(arm, f"after={phase}-{rep}")
     records.append({"arm": arm["arm"], "phase": phase, "rep": rep, "started": started, "jit_compiles": compiled,
                     "wall_s": round(time.monotonic() - t0, 2), "load": load, "result": keep, "cost": cost})
     json.dump(records, open(out, "w"), indent=2)
     return compiled
 
+for arm in plan["arms"]:  # the counters as this call found them, before any of its runs
+    scrape(arm, "before=call")
 for arm in plan["arms"]:  # warm up each server until a whole run of the load compiles nothing
     for index in range(plan["max_warmups"]):
         if one(arm, "warmup", 100 + index) == 0 or time.time() > plan["warmups_end"]:
@@ -707,7 +720,8 @@ def run(args: argparse.Namespace) -> int:
                 summary.setdefault("skipped", []).append(arm)
                 continue
             counter += 1
-            server = Server(e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args, args.gpu_share)
+            real = args.real and not args.arms_dummy
+            server = Server(e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args, args.gpu_share, real=real)
             try:
                 if server.wait_ready(min(args.ready_timeout, deadline - time.monotonic() - 30)) == "ready":
                     server.shim_calls("ready")
@@ -815,6 +829,7 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
             "warmups_end": time.time() + timed_left,
             "first_rep": first_rep,
             "end": time.time() + deadline - time.monotonic() - 70,
+            "metrics_dir": str(out),  # metrics-ARM.prom: every scrape of the call, whole
         }
         target = out / "bench.json"
         env, _ = arm_env(e2e, "baseline")  # vLLM's client from the unmodified tree, no shim
@@ -959,7 +974,20 @@ def _interval(ratios: list[float]) -> dict:
     return {"pairs": len(ratios), "ratio": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)]}
 
 
-MEDIANS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "median_itl_ms", "spec_decode_acceptance_length")
+MEDIANS = (
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "spec_decode_acceptance_rate",
+    "spec_decode_acceptance_length",
+)
+# The arm a bench pair is measured against: unmodified vLLM (baseline), or the silent form's build
+# without the shim (tolerant, with --real), whose draft serves with none of its tokens accepted.
+REFERENCES = ("baseline", "tolerant")
 
 
 def _spread(values: list[float]) -> float | None:
@@ -971,7 +999,8 @@ def _spec(run: dict) -> dict:
 
 
 def bench_ratio(runs: list[dict]) -> dict:
-    """Output throughput of the fixed arm over the baseline arm, from the timed repetitions.
+    """Output throughput of the fixed arm over the reference arm (baseline, or tolerant: REFERENCES),
+    from the timed repetitions.
 
     Repetition k of the two arms ran back to back (A B, then B A, ...), so each k gives one
     ratio: the figure is their mean, with a 95% Student-t interval. A pair in which either server
@@ -980,21 +1009,26 @@ def bench_ratio(runs: list[dict]) -> dict:
     """
     timed = [r for r in runs if r.get("phase") == "timed" and "output_throughput" in r.get("result", {})]
     arms = sorted({r["arm"] for r in timed})
-    fixed = [a for a in arms if a != "baseline"]
-    if "baseline" not in arms or len(fixed) != 1:
+    reference = next((a for a in REFERENCES if a in arms), None)
+    fixed = [a for a in arms if a != reference]
+    if reference is None or len(fixed) != 1:
         return {"arms": arms}
     by_rep: dict[int, dict[str, dict]] = {}
     for r in timed:
         by_rep.setdefault(r["rep"], {})[r["arm"]] = r
-    pairs = [(v[fixed[0]], v["baseline"]) for _, v in sorted(by_rep.items()) if len(v) == 2]
+    pairs = [(v[fixed[0]], v[reference]) for _, v in sorted(by_rep.items()) if len(v) == 2]
 
     def ratio(pair: tuple[dict, dict]) -> float:
         return float(pair[0]["result"]["output_throughput"]) / float(pair[1]["result"]["output_throughput"])
 
     clean = [p for p in pairs if not p[0].get("jit_compiles") and not p[1].get("jit_compiles")]
-    per_arm = {arm: [r for r in timed if r["arm"] == arm] for arm in (fixed[0], "baseline")}
+    per_arm = {arm: [r for r in timed if r["arm"] == arm] for arm in (fixed[0], reference)}
+    extra = {}
+    if reference != "baseline":  # the cost of the bug: the reference's throughput over the fixed arm's
+        extra = {"reference_arm": reference, "clean_reference_over_fixed": _interval([1 / ratio(p) for p in clean])}
     return {
         "fixed_arm": fixed[0],
+        **extra,
         "all": _interval([ratio(p) for p in pairs]),
         "clean": _interval([ratio(p) for p in clean]),
         "output_throughput": {arm: [r["result"]["output_throughput"] for r in rs] for arm, rs in per_arm.items()},
@@ -1015,6 +1049,7 @@ def bench_ratio(runs: list[dict]) -> dict:
             }
             for arm, rs in per_arm.items()
         },
+        **({"acceptance_by_position": _by_position(per_arm)} if extra else {}),
         "failed": sum(int(r["result"].get("failed", 0)) for r in timed),
         # the same prompts in both servers of a pair: the same drafts and accepted tokens, or the shim changed decoding
         "pairs_with_the_same_spec_decode": sum(_spec(a) == _spec(b) for a, b in pairs),
@@ -1023,6 +1058,16 @@ def bench_ratio(runs: list[dict]) -> dict:
         # busy the whole run), the GPU's SM clock and power; [lowest, highest] over an arm's timed runs
         "bounds": {arm: _bounds(rs) for arm, rs in per_arm.items()},
     }
+
+
+def _by_position(per_arm: dict[str, list[dict]]) -> dict:
+    """vLLM's own acceptance rate at each draft position, the median over an arm's timed runs."""
+    found = {}
+    for arm, rs in per_arm.items():
+        rates = [r["result"].get("spec_decode_per_position_acceptance_rates") or [] for r in rs]
+        width = min((len(x) for x in rates), default=0)
+        found[arm] = [round(statistics.median(x[i] for x in rates), 4) for i in range(width)]
+    return found
 
 
 def _bounds(runs: list[dict]) -> dict:
@@ -1086,6 +1131,9 @@ def shim_calls(record: dict) -> dict | None:
 # ----------------------------------------------------------------------------- collect (here)
 
 
+METRICS = EVIDENCE / "serve-h200-metrics"
+
+
 def collect(args: argparse.Namespace) -> int:
     """Each argument is NAME=results.tgz (a device call's archive), in the order they ran; a
     session of the same name is replaced, the others kept, and the figures computed over all."""
@@ -1105,6 +1153,9 @@ def collect(args: argparse.Namespace) -> int:
         for name, content in files.items():
             if name.endswith(".log") and name != "setup.log":
                 (logs / f"{source}-{name}").write_bytes(content)
+            if name.endswith(".prom"):  # the bench's raw /metrics scrapes, one file per arm
+                METRICS.mkdir(parents=True, exist_ok=True)
+                (METRICS / f"{source}-{name}").write_bytes(content)
         sessions = [s for s in sessions if s["source"] != source] + [{"source": source, "summary": summary}]
     data["sessions"] = sessions
     data["figures"] = figures(sessions)
@@ -1126,6 +1177,7 @@ def figures(sessions: list[dict]) -> dict:
             # CUDA graphs compute in another order than eager kernels, and the weights are dummy: the
             # greedy tokens differ, so graph servers are compared with each other
             tp = f"tp{session['summary'].get('tp', 1)}" + ("" if "--enforce-eager" in s["command"] else "-cudagraph")
+            tp += "" if "dummy" in s["command"] else "-real"  # harness.checkpoint's weights: other texts
             if shim_calls(s) is not None:
                 counts[f"{session['source']}-{s['label']}"] = {"arm": s["arm"], **shim_calls(s)}
             if s.get("metrics"):  # what /metrics showed of the shim, at each reading
@@ -1152,6 +1204,8 @@ def figures(sessions: list[dict]) -> dict:
                 served.setdefault(tp, {}).setdefault(s["arm"], set()).add(answer)
     same = {}
     for tp, arms in served.items():
+        if "baseline" not in arms:  # the silent form's arms (tolerant, tolerant-plugin) differ in acceptance
+            continue
         compared = [arm for arm in arms if arm.startswith("fixed")] + ["baseline"]
         same[tp] = (
             len(compared) > 1
@@ -1236,6 +1290,12 @@ def main() -> int:
     )
     on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
     on_gpu.add_argument("--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy")
+    on_gpu.add_argument(
+        "--arms-dummy",
+        action="store_true",
+        help="with --real: the --arms servers still load dummy weights (the reverted build's `bug` then reaches "
+        "the KV-cache warm-up and its reported error instead of the checkpoint's KeyError at load)",
+    )
     on_gpu.set_defaults(func=run)
     drift = steps.add_parser("cpu-drift", help="the speed of two cores, window by window, side by side")
     drift.add_argument("--seconds", type=float, default=90.0)

@@ -12,10 +12,17 @@ Two builds of one commit are byte-identical, wherever they run:
   files' modes come from the sdist, not from the umask of the checkout;
 - the build backend is the one installed (``--no-isolation``): setuptools and
   wheel pinned in requirements-dev.txt, not whatever the index has that day;
+- the build runs under umask 022, whatever the caller's: setuptools writes the
+  wheel's files with modes the umask decides;
 - wrapt's wheel ships beside the shim's, for images that have none (the
   Kubernetes recipe installs it with ``--no-index``): the Dockerfile's pin, as
   the pure-Python wheel (one file for every Python and CPU), fetched with pip
-  and refused unless its bytes are the ones pinned here.
+  once and kept in the project's cache (``$DSPARK_HOTFIX_CACHE``), so a rebuild
+  needs no network; refused unless its bytes are the ones pinned here.
+
+A commit is a release where it is the one that set ``__version__`` (the CHANGELOG
+names it). Any other commit is built as ``VERSION.postN.dev0+gHASH``: N commits
+after release VERSION, at commit HASH (PEP 440: later than the release, never it).
 
     python scripts/dist.py [OUTDIR]     # default dist/
 """
@@ -26,6 +33,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,17 +42,39 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script too
+from scripts.venvs import cache_dir  # noqa: E402
+
 # wrapt's C extension only speeds up calls, and the shim's calls are made at start-up.
 WRAPT_WHEEL = "wrapt-1.17.3-py3-none-any.whl"
 WRAPT_SHA256 = "7171ae35d2c33d326ac19dd8facb1e82e5fd04ef8c6c0e394d7af55a55051c22"
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def source_date_epoch() -> int:
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    out = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], check=True, capture_output=True,
-                         text=True).stdout
-    return int(out.strip())
+    return int(git("log", "-1", "--format=%ct"))
+
+
+def versioned(tree: Path) -> str:
+    """The version ``tree`` (HEAD's files) is built as; a commit after the release gets its own, in its
+    ``__init__.py``, so that neither the files' names nor what the shim says name it as the release."""
+    init = tree / "dspark_hotfix" / "__init__.py"
+    source = init.read_text()
+    release = re.search(r'^__version__ = "([^"]+)"$', source, re.MULTILINE)
+    if release is None:
+        raise SystemExit(f"dist: no __version__ line in {init}")
+    head, setter = git("rev-parse", "HEAD"), git("log", "-1", "--format=%H", "-G", "^__version__ = ", "--",
+                                                "dspark_hotfix/__init__.py")
+    if head == setter:
+        return release[1]
+    version = f"{release[1]}.post{git('rev-list', '--count', f'{setter}..HEAD')}.dev0+g{head[:12]}"
+    init.write_text(source.replace(release[0], f'__version__ = "{version}"'))
+    return version
 
 
 def unpack(tar: tarfile.TarFile, dest: Path) -> None:
@@ -75,7 +105,21 @@ def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
 
 
 def wrapt_wheel(outdir: Path) -> Path:
-    """``WRAPT_WHEEL`` in ``outdir``, from pip's index (or its cache), with the pinned sum."""
+    """``WRAPT_WHEEL`` in ``outdir``, with the pinned sum: the copy kept in the project's cache, else from pip's
+    index, kept then."""
+    kept = cache_dir() / "dist" / WRAPT_WHEEL
+    data = kept.read_bytes() if kept.exists() else b""
+    if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
+        data = fetched_wrapt()
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(f".{kept.name}.{os.getpid()}")  # another build may read it meanwhile
+        partial.write_bytes(data)
+        partial.replace(kept)
+    (outdir / WRAPT_WHEEL).write_bytes(data)
+    return outdir / WRAPT_WHEEL
+
+
+def fetched_wrapt() -> bytes:
     version = WRAPT_WHEEL.split("-")[1]
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-wrapt-") as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
@@ -89,8 +133,7 @@ def wrapt_wheel(outdir: Path) -> Path:
         data = fetched.read_bytes()
     if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
         raise SystemExit(f"dist: {WRAPT_WHEEL} has sha256 {hashlib.sha256(data).hexdigest()}, not {WRAPT_SHA256}")
-    (outdir / WRAPT_WHEEL).write_bytes(data)
-    return outdir / WRAPT_WHEEL
+    return data
 
 
 def normalized_sdist(sdist: Path, epoch: int) -> bytes:
@@ -115,12 +158,21 @@ def normalized_sdist(sdist: Path, epoch: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    outdir = Path(argv[0]) if argv else REPO / "dist"
+    umask = os.umask(0o022)  # for the builds; the caller's again after them
+    try:
+        return made(Path(argv[0]) if argv else REPO / "dist")
+    finally:
+        os.umask(umask)
+
+
+def made(outdir: Path) -> int:
     epoch = source_date_epoch()
     outdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-dist-") as tmp:
         work = Path(tmp)
-        sdist = build("sdist", commit_tree(work / "commit"), work / "sdist", epoch)
+        commit = commit_tree(work / "commit")
+        versioned(commit)
+        sdist = build("sdist", commit, work / "sdist", epoch)
         final_sdist = outdir / sdist.name
         final_sdist.write_bytes(normalized_sdist(sdist, epoch))
         with tarfile.open(final_sdist) as tar:

@@ -9,6 +9,7 @@ test with the reason, except in CI (``CI=true``), where it fails: CI never skips
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,10 @@ def _pip_target(name: str, wanted: str) -> Path:
         unavailable(f"could not install {wanted} from PyPI: {proc.stderr[-2000:]}")
     stamp.write_text(wanted)
     return target
+
+
+def offline() -> tuple[str, ...]:
+    """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
+        unavailable("needs unshare --net (root) to run a command without a network")
+    return ("unshare", "--net")

@@ -138,6 +138,16 @@ def import_modules(names: list[str]) -> None:
         importlib.import_module(name)
 
 
+def import_present(names: list[str]) -> None:
+    """Each module of ``names`` this interpreter has, in order: a patch's module may be new in a release, or gone."""
+    import importlib
+    import importlib.util
+
+    for name in names:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
 def environ(name: str) -> str | None:
     """This process's ``name`` variable."""
     import os

@@ -16,7 +16,9 @@ from pathlib import Path
 from tests.cache import pip_target
 from tests.conftest import REPO, program
 
-MANIFEST = REPO / "deploy" / "kubernetes" / "deployment.yaml"
+# The A/B's two arms, side by side: A (the shim on) is the manifest a fleet without an A/B applies.
+ARMS = {arm: REPO / "deploy" / "kubernetes" / f"vllm-dspark-{arm}.yaml" for arm in ("a", "b")}
+MANIFEST = ARMS["a"]
 VALIDATOR = "kubernetes-validate==1.37.0"
 # The oldest release still common in fleets and the newest the validator ships.
 KUBERNETES = ("1.28.0", "1.37.0")
@@ -56,8 +58,8 @@ def yaml_documents(path: str) -> list[object]:
         return list(yaml.safe_load_all(manifest))
 
 
-def pod(site: Path) -> dict:
-    (deployment,) = documents(site)
+def pod(site: Path, path: Path = MANIFEST) -> dict:
+    (deployment,) = documents(site, path)
     return deployment["spec"]["template"]["spec"]
 
 

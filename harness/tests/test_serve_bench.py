@@ -97,7 +97,7 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
                           "pgid": os.getpgid(0)} for arm, s in servers.items()],
                 "reps": 2, "max_warmups": 4, "load": LOAD, "model": str(model), "jit_cache": str(cache),
                 "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600,
-                "first_rep": 2, "end": time.time() + 600}  # fmt: skip
+                "first_rep": 2, "end": time.time() + 600, "metrics_dir": str(tmp_path)}  # fmt: skip
         # first_rep: a second call on the same servers (--attach) numbers its pairs on, here 2 and 3
         for arm in plan["arms"]:
             Path(arm["log"]).write_text("")
@@ -128,6 +128,14 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     assert all(sum(r["cost"]["server_cpu_s"].values()) >= 0 and r["cost"]["server_cpu_s"] for r in runs)
     assert all(r["cost"]["client_cpu_s"] > 0 and 0 <= r["cost"]["host_steal"] <= r["cost"]["host_busy"] <= 1
                and r["cost"]["epoch"][0] < r["cost"]["epoch"][1] for r in runs)  # fmt: skip
+    # every server's whole /metrics, as found at the call's start and after each of its runs
+    for arm in servers:
+        scrapes = (tmp_path / f"metrics-{arm}.prom").read_text().split("# scrape ")[1:]
+        tags = [s.split(" epoch=")[0] for s in scrapes]
+        assert tags == [f"arm={arm} before=call"] + [f"arm={arm} after={r['phase']}-{r['rep']}" for r in runs
+                                                     if r["arm"] == arm]  # fmt: skip
+        accepted = [float(s.split("vllm:spec_decode_num_accepted_tokens_total ")[1].split()[0]) for s in scrapes]
+        assert accepted == [LOAD["prompts"] * n for n in range(len(scrapes))]  # one run's requests between scrapes
     ratio = serve.bench_ratio(runs)
     assert (ratio["all"]["pairs"], ratio["clean"]["pairs"]) == (2, 1)  # pair 1 compiled: out of `clean`
     assert ratio["jit_compiles"] == {"fixed-plugin": [0, 1], "baseline": [0, 0]}

@@ -26,7 +26,7 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert data["figures"] == serve.figures(data["sessions"])
     outcomes = data["figures"]["outcomes"]
     bug = [o for o in outcomes["bug"] if o["tp"] == "tp1"]
-    assert [o["outcome"] for o in bug] == ["exited"] and bug[0]["reported_error"]
+    assert bug and all(o["outcome"] == "exited" and o["reported_error"] for o in bug)
     for arm in ("fixed-launcher", "fixed-plugin"):
         ready = [o for o in outcomes[arm] if o["outcome"] == "ready"]
         assert ready and all(o["shim_summaries"] == o["processes"] >= 2 for o in ready), arm
@@ -149,6 +149,25 @@ def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_
     runs[1]["result"]["spec_decode_accepted_tokens"] += 1
     assert serve.bench_ratio(runs)["pairs_with_the_same_spec_decode"] == 3
     assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
+
+
+def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_and_give_the_bugs_cost(serve):
+    runs = []
+    for rep, (fixed, tolerant) in enumerate([(400.0, 100.0), (300.0, 100.0), (500.0, 100.0)]):
+        for arm, rate, accepted in (("tolerant-plugin", fixed, [1.0] * 5), ("tolerant", tolerant, [0.0] * 5)):
+            run = _run(arm, rep, rate)
+            run["result"]["spec_decode_per_position_acceptance_rates"] = accepted
+            runs.append(run)
+    ratio = serve.bench_ratio(runs)
+    assert (ratio["fixed_arm"], ratio["reference_arm"]) == ("tolerant-plugin", "tolerant")
+    assert ratio["clean"]["ratio"] == 4.0 and ratio["clean_reference_over_fixed"]["ratio"] == pytest.approx(
+        0.2611, 1e-3
+    )
+    assert ratio["acceptance_by_position"] == {"tolerant-plugin": [1.0] * 5, "tolerant": [0.0] * 5}
+    # against baseline nothing of the kind is added: the committed figures keep their keys
+    assert "reference_arm" not in serve.bench_ratio([dict(r, arm=r["arm"].replace("tolerant", "baseline"))
+                                                     for r in runs if r["arm"] == "tolerant"] +
+                                                    [r for r in runs if r["arm"] == "tolerant-plugin"])  # fmt: skip
 
 
 def test_an_arms_spread_is_over_its_runs_that_compiled_nothing(serve):

@@ -1,6 +1,6 @@
-"""wrapt's private names the registry relies on, in its one section (``_renew_wrapt_lock``, ``_rearm``,
-``_copyable``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the
-Dockerfile installs) and the newest 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
+"""wrapt's private names the registry relies on (``_after_fork_in_child``, ``_find``, ``_copyable``), held to
+both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile installs) and the newest
+2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
 
 from __future__ import annotations
 

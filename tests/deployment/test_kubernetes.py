@@ -1,23 +1,31 @@
-"""deploy/kubernetes/deployment.yaml, the manifest docs/OPERATORS.md points at: valid, and consistent.
+"""deploy/kubernetes/, the A/B's two arms docs/OPERATORS.md points at: valid, apart, and consistent.
 
-Its init container's commands run for real in the OCI tier (tests/oci/test_oci_image.py).
+The init container's decision runs here on the stand-in, doctor included; its whole script runs for real in
+the OCI tier (tests/oci/test_oci_image.py).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
+import os
 import re
-import shutil
 import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dspark_hotfix
 from dspark_hotfix.startup import sitecustomize
 from scripts import dist
 from tests import kubernetes
-from tests.cache import unavailable
-from tests.conftest import REPO
+from tests.cache import offline
+from tests.conftest import REPO, STANDIN
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +33,37 @@ def site():
     return kubernetes.validator_site()
 
 
-def offline() -> tuple[str, ...]:
-    """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
-        unavailable("needs unshare --net (root) to run the validator without a network")
-    return ("unshare", "--net")
-
-
+@pytest.mark.parametrize("arm", sorted(kubernetes.ARMS))
 @pytest.mark.parametrize("version", kubernetes.KUBERNETES)
-def test_the_manifest_passes_the_kubernetes_schemas_offline(site, version):
+def test_each_arm_passes_the_kubernetes_schemas_offline(site, version, arm):
     # --strict: an unknown or misspelled field fails, as the API server's field validation does.
-    proc = kubernetes.validate(site, kubernetes.MANIFEST, version, prefix=offline())
+    proc = kubernetes.validate(site, kubernetes.ARMS[arm], version, prefix=offline())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"passed for resource deployment/vllm-dspark against version {version.rsplit('.', 1)[0]}" in proc.stdout
+    minor = version.rsplit(".", 1)[0]
+    assert f"passed for resource deployment/vllm-dspark-{arm} against version {minor}" in proc.stdout
+
+
+def test_the_b_arm_is_the_a_arm_with_the_shim_off_under_its_own_name_selector_and_label(site):
+    (a,), (b,) = (kubernetes.documents(site, kubernetes.ARMS[arm]) for arm in ("a", "b"))
+    # Applying one never replaces the other, and neither Deployment's selector takes the other's pods.
+    assert a["metadata"]["name"] != b["metadata"]["name"]
+    for mine, other in ((a, b), (b, a)):
+        selector, labels = mine["spec"]["selector"]["matchLabels"], mine["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        assert not selector.items() <= other["spec"]["template"]["metadata"]["labels"].items()
+        assert mine["metadata"]["labels"]["arm"] == labels["arm"] == selector["arm"]
+    # Everything else is the A arm's, with DSPARK_HOTFIX a false word in both containers.
+    expected = copy.deepcopy(a)
+    expected["metadata"]["name"] = b["metadata"]["name"]
+    for labels in (expected["metadata"]["labels"], expected["spec"]["selector"]["matchLabels"],
+                   expected["spec"]["template"]["metadata"]["labels"]):
+        labels["arm"] = "b"
+    spec = expected["spec"]["template"]["spec"]
+    for container in (*spec["initContainers"], *spec["containers"]):
+        (switch,) = [e for e in container["env"] if e["name"] == "DSPARK_HOTFIX"]
+        assert switch["value"] in sitecustomize.TRUE_WORDS
+        switch["value"] = "0"
+    assert b == expected
 
 
 def test_a_misspelled_field_fails_the_validation(site, tmp_path):
@@ -116,10 +142,61 @@ def test_the_configmap_is_made_from_the_wheels_and_their_sums_the_init_container
         assert "| sha256sum -c" in lines[n - 1] and f"  {wheel}\\$" in lines[n - 1] and f'/{wheel}"' in lines[n]
 
 
-def test_the_b_arm_words_are_the_shims_false_words(site):
+def doctors_step(site) -> str:
+    """The init container's script from doctor on: what decides whether the pod starts."""
     script = kubernetes.pod(site)["initContainers"][0]["args"][0]
-    words = re.search(r'case "\$\{DSPARK_HOTFIX:-\}" in ([^)]*)\)', script)
-    assert words and sorted(words[1].split("|")) == sorted(sitecustomize.FALSE_WORDS)
+    assert script == kubernetes.pod(site, kubernetes.ARMS["b"])["initContainers"][0]["args"][0]
+    return script[script.index("python3 -m dspark_hotfix doctor"):]
+
+
+def start_on_the_standin(step: str, tmp: Path, values: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """The step run by sh as the init container runs it, doctor included, on the stand-in of the reported build
+    (doctor exits 1 there with the shim off), once with DSPARK_HOTFIX set to each of ``values``."""
+    (tmp / "python3").unlink(missing_ok=True)
+    (tmp / "python3").symlink_to(sys.executable)  # the image's python3: this one, with wrapt
+    path = os.pathsep.join((sitecustomize_dir(), str(REPO), str(STANDIN)))
+
+    def run(value: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": f"{tmp}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": path, "DSPARK_HOTFIX": value}
+        return subprocess.run(["sh", "-euc", step], env=env, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(run, values))
+
+
+def sitecustomize_dir() -> str:
+    return str(Path(sitecustomize.__file__).parent)
+
+
+def cases(word: str) -> list[str]:
+    """``word`` in every mix of upper and lower case."""
+    return ["".join(letters) for letters in itertools.product(*({c.lower(), c.upper()} for c in word))]
+
+
+WHITESPACE = [chr(c) for c in range(0x110000) if chr(c).isspace()]  # what str.strip() takes off, Unicode's too
+
+
+def check_starts(site, tmp: Path, values: list[str]) -> None:
+    for value, proc in zip(values, start_on_the_standin(doctors_step(site), tmp, values), strict=True):
+        on, problem = sitecustomize.switch("DSPARK_HOTFIX", value, True, "the shim")
+        b_arm = not on and problem is None
+        said = proc.stdout + proc.stderr
+        # The B arm starts, saying so; A starts on doctor's exit 0; any other value is refused with doctor's exit 1.
+        assert (proc.returncode, "the B arm" in proc.stdout) == ((0, True) if b_arm else (0 if on else 1, False)), (
+            value, said)
+
+
+def test_the_init_container_starts_the_b_arm_for_exactly_the_false_words_the_shim_reads(site, tmp_path):
+    # Every word in every case, padded with whitespace the shim strips; the true words in every case too.
+    words = [w for word in (*sitecustomize.FALSE_WORDS, *sitecustomize.TRUE_WORDS) for w in cases(word)]
+    padded = [f"{WHITESPACE[n % len(WHITESPACE)]}{w}{WHITESPACE[-n % len(WHITESPACE)]}" for n, w in enumerate(words)]
+    check_starts(site, tmp_path, [*words, *padded])
+
+
+@settings(max_examples=25, deadline=None)
+@given(value=st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12))
+def test_any_other_value_is_refused_as_the_shim_reads_it(site, tmp_path_factory, value):
+    check_starts(site, tmp_path_factory.mktemp("bin"), [value])
 
 
 def bytes_of(quantity: str) -> int:

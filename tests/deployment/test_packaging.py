@@ -21,9 +21,11 @@ import pytest
 
 from dspark_hotfix import __version__
 from tests import status_shape
+from tests.cache import offline
 from tests.child import environ, import_modules, print_status, wrapt_version
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
+    REPO,
     STANDIN,
     json_lines,
     program,
@@ -77,35 +79,93 @@ def clone(root: Path, umask: int, mtime: int) -> Path:
     return root
 
 
-def make_dist(tree: Path, out: Path) -> dict[str, bytes]:
-    proc = subprocess.run([sys.executable, str(tree / "scripts" / "dist.py"), str(out)], cwd=tree,
+def make_dist(tree: Path, out: Path, umask: int = 0o022, prefix: tuple[str, ...] = (),
+              **env: str) -> dict[str, bytes]:
+    """``make dist`` of ``tree`` into ``out``, run under ``umask``: the files it made, by name."""
+    proc = subprocess.run([*prefix, "sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", sys.executable,
+                           str(tree / "scripts" / "dist.py"), str(out)], cwd=tree, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {p.name: p.read_bytes() for p in out.iterdir()}
 
 
-def test_make_dist_builds_the_same_bytes_twice_and_lists_their_sums(tmp_path):
+def git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def released(tree: Path) -> tuple[str, str]:
+    """The newest release the CHANGELOG names: its version and its commit."""
+    import re
+
+    found = re.search(r"^## (\d+\.\d+\.\d+) \(\S+, commit ([0-9a-f]+)\)$", (tree / "CHANGELOG.md").read_text(), re.M)
+    assert found is not None
+    return found[1], git(tree, "rev-parse", found[2])
+
+
+def built_as(tree: Path) -> str:
+    """The version a build of ``tree``'s HEAD must carry: the release's at its commit, else after it."""
+    version, commit = released(tree)
+    head = git(tree, "rev-parse", "HEAD")
+    if head == commit:
+        return version
+    return f"{version}.post{git(tree, 'rev-list', '--count', f'{commit}..HEAD')}.dev0+g{head[:12]}"
+
+
+def names(version: str) -> list[str]:
+    return sorted(["SHA256SUMS", f"dspark_hotfix-{version}-py3-none-any.whl", f"dspark_hotfix-{version}.tar.gz",
+                   dist_module().WRAPT_WHEEL])
+
+
+def test_make_dist_builds_the_same_bytes_under_any_umask_and_lists_their_sums(tmp_path):
     import hashlib
     import time
 
-    built = [make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}")
-             for n, (umask, mtime) in enumerate(((0o022, int(time.time())), (0o002, 1_000_000_000)))]
-    first, second = built
-    dist = dist_module()
-    assert sorted(first) == ["SHA256SUMS", f"dspark_hotfix-{__version__}-py3-none-any.whl",
-                             f"dspark_hotfix-{__version__}.tar.gz", dist.WRAPT_WHEEL]
-    assert first == second  # byte for byte, the sums included
+    # Each umask's bits in turn: the clone's files and the build's own (setuptools writes the wheel's files).
+    umasks = [0o022, *(1 << bit for bit in range(6)), 0o077]  # the owner's bits left alone: it reads what it wrote
+    built = [make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}", umask=umask)
+             for n, (umask, mtime) in enumerate((u, int(time.time()) if n % 2 else 1_000_000_000)
+                                                for n, u in enumerate(umasks))]
+    first = built[0]
+    assert sorted(first) == names(built_as(REPO))
+    assert all(other == first for other in built[1:])  # byte for byte, the sums included
     sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
     assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
-    assert sums[dist.WRAPT_WHEEL] == dist.WRAPT_SHA256  # the bytes pinned, whatever the index served
+    assert sums[dist_module().WRAPT_WHEEL] == dist_module().WRAPT_SHA256  # the bytes pinned, whatever was served
+
+
+def test_make_dist_runs_offline_once_it_has_run(tmp_path):
+    tree = clone(tmp_path / "clone", 0o022, 1_000_000_000)
+    cache = str(tmp_path / "cache")  # a cache of its own: the first build fetches wrapt's wheel into it
+    online = make_dist(tree, tmp_path / "online", DSPARK_HOTFIX_CACHE=cache)
+    assert make_dist(tree, tmp_path / "offline", prefix=offline(), DSPARK_HOTFIX_CACHE=cache) == online
+
+
+def test_only_the_release_commit_is_built_as_the_release(tmp_path):
+    version, commit = released(REPO)
+    tree = clone(tmp_path / "clone", 0o022, 1_000_000_000)
+    assert built_as(tree) != version  # this commit came after the release
+    later = make_dist(tree, tmp_path / "later")
+    assert sorted(later) == names(built_as(tree))
+    with zipfile.ZipFile(tmp_path / "later" / f"dspark_hotfix-{built_as(tree)}-py3-none-any.whl") as wheel:
+        assert f'__version__ = "{built_as(tree)}"' in wheel.read("dspark_hotfix/__init__.py").decode()
+    # The release's commit, built by today's make dist: the release's name, and its files as committed.
+    git(tree, "checkout", "-q", "--force", commit)  # clone() put today's dist.py there
+    (tree / "scripts" / "dist.py").write_bytes((REPO / "scripts" / "dist.py").read_bytes())
+    made = make_dist(tree, tmp_path / "release")
+    assert sorted(made) == names(version)
+    with zipfile.ZipFile(tmp_path / "release" / f"dspark_hotfix-{version}-py3-none-any.whl") as wheel:
+        committed = subprocess.run(["git", "-C", str(tree), "show", f"{commit}:dspark_hotfix/__init__.py"],
+                                   check=True, capture_output=True).stdout
+        assert wheel.read("dspark_hotfix/__init__.py") == committed
 
 
 def test_make_dist_refuses_a_wrapt_wheel_whose_sum_is_not_the_pinned_one(tmp_path, monkeypatch):
     module = dist_module()
     monkeypatch.setattr(module, "WRAPT_SHA256", "0" * 64)
+    monkeypatch.setenv("DSPARK_HOTFIX_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SystemExit, match=f"{module.WRAPT_WHEEL} has sha256 [0-9a-f]{{64}}, not 0{{64}}"):
-        module.wrapt_wheel(tmp_path)
-    assert list(tmp_path.iterdir()) == []
+        module.wrapt_wheel(tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
 def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):
@@ -115,15 +175,17 @@ def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):
     committed = init.read_bytes()
     init.write_bytes(committed + b"EDITED = 1\n")  # modified, not committed
     make_dist(tree, tmp_path / "dist")
-    with zipfile.ZipFile(tmp_path / "dist" / f"dspark_hotfix-{__version__}-py3-none-any.whl") as wheel:
+    version = built_as(tree)  # the commit's own version line, as make dist writes it after a release
+    expected = committed.replace(f'__version__ = "{__version__}"'.encode(), f'__version__ = "{version}"'.encode())
+    with zipfile.ZipFile(tmp_path / "dist" / f"dspark_hotfix-{version}-py3-none-any.whl") as wheel:
         assert "dspark_hotfix/stray.py" not in wheel.namelist()
-        assert wheel.read("dspark_hotfix/__init__.py") == committed
-    with tarfile.open(tmp_path / "dist" / f"dspark_hotfix-{__version__}.tar.gz") as sdist:
-        names = sdist.getnames()
-        assert not any(name.endswith("/stray.py") for name in names), names
-        (member,) = [name for name in names if name.endswith("/dspark_hotfix/__init__.py")]
+        assert wheel.read("dspark_hotfix/__init__.py") == expected
+    with tarfile.open(tmp_path / "dist" / f"dspark_hotfix-{version}.tar.gz") as sdist:
+        members = sdist.getnames()
+        assert not any(name.endswith("/stray.py") for name in members), members
+        (member,) = [name for name in members if name.endswith("/dspark_hotfix/__init__.py")]
         extracted = sdist.extractfile(member)
-        assert extracted is not None and extracted.read() == committed
+        assert extracted is not None and extracted.read() == expected
 
 
 def dist_module():
@@ -146,5 +208,5 @@ def test_make_dist_runs_on_a_python_whose_extractall_has_no_filter(tmp_path, mon
     monkeypatch.delattr(tarfile, "data_filter")
     monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
     assert dist_module().main([str(tmp_path)]) == 0
-    with zipfile.ZipFile(tmp_path / f"dspark_hotfix-{__version__}-py3-none-any.whl") as wheel:
+    with zipfile.ZipFile(next(tmp_path.glob("dspark_hotfix-*.whl"))) as wheel:
         assert "dspark_hotfix/startup/sitecustomize.py" in wheel.namelist()

@@ -4,7 +4,7 @@ The base stands for a serving image of the reported build (tests/oci/build.py):
 Debian bookworm, a venv on PATH, no wrapt, the stand-in vLLM installed, a
 sitecustomize of the image's own. A second base carries the upstream fix and a
 wrapt 2.x of its own. Base images are cached; the Dockerfile is built every run.
-On the same bases, the Kubernetes manifest's pod (deploy/kubernetes/): its init
+On the same bases, the pods of the A/B's two arms (deploy/kubernetes/): their init
 container's commands as written there, without a network (``unshare --net``), then
 the server's environment, the emptyDir a host directory, the ConfigMap a directory
 holding make dist's wheels (the shim's and wrapt's) and their SHA256SUMS.
@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import zipfile
 from functools import partial
 from pathlib import Path
@@ -111,11 +112,25 @@ class Image:
         build.buildah("rmi", self.tag, check=False)
 
 
+# Where a container's command writes its output: a directory of the host, mounted.
+CAPTURED = "/dspark-hotfix-test-output"
+
+
 def run_in(container: str, *argv: str, env: dict[str, str] | None = None, volumes: tuple[str, ...] = (),
            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    flags = [f"--env={k}={v}" for k, v in (env or {}).items()] + [f"--volume={v}" for v in volumes]
-    return build.buildah("run", "--isolation", "chroot", *flags, container, "--", *argv, check=False, timeout=300,
-                         prefix=prefix)
+    """``argv`` run in ``container``, its stdout and stderr written to files of the host. buildah's chroot
+    isolation relays a command's pipes through a process of its own, which can end before it has passed on the
+    last of them (buildah 1.28, Debian 12): a line written just before the command exits went missing."""
+    with tempfile.TemporaryDirectory(prefix="dspark-hotfix-output-") as out:
+        flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
+        flags += [f"--volume={v}" for v in (*volumes, f"{out}:{CAPTURED}")]
+        redirected = ["sh", "-c", f'exec "$@" >{CAPTURED}/stdout 2>{CAPTURED}/stderr', "sh", *argv]
+        proc = build.buildah("run", "--isolation", "chroot", *flags, container, "--", *redirected, check=False,
+                             timeout=300, prefix=prefix)
+        said = {name: Path(out, name).read_text() if Path(out, name).exists() else "" for name in ("stdout", "stderr")}
+    # buildah's own lines (a command that exits non-zero) come after the command's.
+    return subprocess.CompletedProcess(proc.args, proc.returncode, said["stdout"] + proc.stdout,
+                                       said["stderr"] + proc.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -220,11 +235,11 @@ def test_the_images_uninstall_recipe_leaves_vllm_as_shipped(reported):
 
 
 class Pod:
-    """The manifest's pod on ``base``: the init container run as written, then one server container."""
+    """An arm's pod on ``base``: the init container run as written, then one server container."""
 
     def __init__(self, base: str, wheels: tuple[Path, ...], root: Path, site: Path, sums: str | None = None,
-                 **init_env: str):
-        spec = kubernetes.pod(site)
+                 arm: str = "a", **init_env: str):
+        spec = kubernetes.pod(site, kubernetes.ARMS[arm])
         (self.init,), (self.server,) = spec["initContainers"], spec["containers"]
         self.base, self.volume, configmap = base, root / "emptyDir", root / "configMap"
         self.volume.mkdir(parents=True)
@@ -273,7 +288,7 @@ def wrapt_wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def pods(wrapt_wheel):
-    """Pods of the manifest: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and wrapt's."""
+    """Pods of an arm: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and wrapt's."""
     made: list[Pod] = []
 
     def make(base, wheel, *args, **env) -> Pod:
@@ -308,17 +323,15 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
     assert pod.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
 
 
-def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_fixed_vllm_starts_only_when_allowed(
+def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_vllm_that_needs_no_fix_starts(
         tools, site, wheel, tmp_path, pods):
-    base = build.serving("fixed")
-    refused = pods(base, wheel, tmp_path / "refused", site)
-    assert refused.init_run.returncode == 3, refused.init_run.stdout + refused.init_run.stderr
-    allowed = pods(base, wheel, tmp_path / "allowed", site, ALLOW_NOT_NEEDED="1")
-    assert allowed.init_run.returncode == 0, allowed.init_run.stdout + allowed.init_run.stderr
-    assert "started because ALLOW_NOT_NEEDED=1" in allowed.init_run.stdout
-    assert not (allowed.volume / "wrapt").exists()
+    # doctor exits 3 (removable): an upgraded vLLM starts, and /metrics says the shim can go.
+    pod = pods(build.serving("fixed"), wheel, tmp_path, site)
+    assert pod.init_run.returncode == 0, pod.init_run.stdout + pod.init_run.stderr
+    assert "verdict       removable" in pod.init_run.stdout and "removable: this vLLM needs none" in pod.init_run.stdout
+    assert not (pod.volume / "wrapt").exists()
     # The image's wrapt 2.x is the one every package imports, the shim included: the volume shadows nothing.
-    got = allowed.serve("python3", "-c", PROBE)
+    got = pod.serve("python3", "-c", PROBE)
     assert got["wrapt"].startswith("2.") and got["wrapt_file"].startswith("/opt/venv/"), got
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
 
@@ -326,16 +339,34 @@ def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_fixed_vllm_sta
 def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_without_the_fix(tools, site, wheel,
                                                                                         tmp_path, pods):
     base = build.serving("reported")
-    b_arm = pods(base, wheel, tmp_path / "b", site, DSPARK_HOTFIX="0")
+    b_arm = pods(base, wheel, tmp_path / "b", site, arm="b")
     assert b_arm.init_run.returncode == 0, b_arm.init_run.stdout + b_arm.init_run.stderr
     assert names_every_patch(b_arm.init_run.stdout) and "the B arm" in b_arm.init_run.stdout  # doctor's report
-    assert b_arm.serve("python3", "/opt/standin/warmup.py", DSPARK_HOTFIX="0")["error"] == REPORTED_ERROR
-    # Only the false words start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
-    typo = pods(base, wheel, tmp_path / "typo", site, DSPARK_HOTFIX="of")
+    assert b_arm.serve("python3", "/opt/standin/warmup.py")["error"] == REPORTED_ERROR
+    # Any false word the shim reads, in any case: here, one upper-case, padded.
+    upper = pods(base, wheel, tmp_path / "upper", site, arm="b", DSPARK_HOTFIX=" False ")
+    assert upper.init_run.returncode == 0 and "the B arm" in upper.init_run.stdout, (
+        upper.init_run.stdout + upper.init_run.stderr)
+    # Only those start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
+    typo = pods(base, wheel, tmp_path / "typo", site, arm="b", DSPARK_HOTFIX="of")
     assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
     excluded = pods(base, wheel, tmp_path / "excluded", site, DSPARK_HOTFIX_PATCHES=f"-{NEEDED.name}")
     assert excluded.init_run.returncode == 1, excluded.init_run.stdout + excluded.init_run.stderr
     assert "the B arm" not in typo.init_run.stdout + excluded.init_run.stdout
+
+
+def test_the_captured_output_of_a_container_is_whole(tools):
+    # Much output on both streams, then a last line each, as the init container's script ends.
+    container = build.buildah("from", "--pull=never", build.serving("reported")).stdout.strip()
+    try:
+        script = "seq 1 200000; seq 1 200000 >&2; echo last; echo last >&2; exit 3"
+        proc = run_in(container, "sh", "-c", script)
+    finally:
+        build.buildah("rm", container, check=False)
+    lines = [str(n) for n in range(1, 200001)] + ["last"]
+    assert proc.returncode == 3
+    assert proc.stdout.splitlines() == lines
+    assert proc.stderr.splitlines()[:len(lines)] == lines  # then buildah's own line on the exit status
 
 
 def test_a_wheel_that_its_sha256sums_does_not_list_is_refused_before_anything_is_installed(tools, site, wheel,

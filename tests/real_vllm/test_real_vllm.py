@@ -74,7 +74,7 @@ def loader_specs() -> list[Any]:
     for name in ["prometheus_client", *dict.fromkeys(p.module for p in ALL)]:
         if "." in name:
             importlib.import_module(name.rpartition(".")[0])
-        if name not in sys.modules:
+        if name not in sys.modules and importlib.util.find_spec(name) is not None:  # (some releases lack one)
             spec = importlib.util.find_spec(name)
             assert spec is not None
             copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]

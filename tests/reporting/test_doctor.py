@@ -8,15 +8,17 @@ process, as if ours had started it (``as_if_started``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 from functools import partial
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
 
-from dspark_hotfix.doctor import render
+from dspark_hotfix.doctor import GUARDED, render
 from tests.child import fail, run_cli, say_on_stderr, use_toys
 from tests.conftest import (
     REPO,
@@ -31,8 +33,8 @@ from tests.conftest import (
     run_python,
     startup_dir,
 )
-from tests.reporting.inprocess import STARTUP, as_if_started, command, report
-from tests.toys import FAREWELL, GREETING, PLANNER
+from tests.reporting.inprocess import STARTUP, as_if_started, build, command, report
+from tests.toys import FAREWELL, FIX, GREETING, PLANNER, module_file
 
 
 def cli(*argv: str) -> str:
@@ -238,3 +240,23 @@ def test_doctor_warns_about_the_working_directory_on_the_path(toys, monkeypatch,
         "PYTHONPATH has entries that depend on the working directory (an empty one is the working directory itself; "
         "`dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds none when extending it): "
         "'', 'relative/dir'"]
+
+
+def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, tmp_path):
+    # A build like a release: the greeting's bug fixed upstream, the farewell's left off; the stop is patched.
+    build(tmp_path, monkeypatch, {module_file(GREETING): FIX[GREETING.name]})
+    monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{FAREWELL.name}")
+    code, out = command(capsys, "status")
+    guards = [line for line in out.splitlines() if line.startswith("guards ")]
+    assert code == 0 and "verdict       guarding" in out, out
+    assert guards == [f"guards        {PLANNER.name}: stops {GUARDED}; remove the shim where no deployment uses that"]
+    for setting in ("--disable-hybrid-kv-cache-manager", "--kv-transfer-config"):
+        assert setting in GUARDED and setting in (REPO / "README.md").read_text().split("**The rule:**")[1]
+
+
+def test_the_command_line_and_doctor_stay_within_250_code_lines():
+    # Counted as scripts/loc counts: lines on which a token of code starts.
+    loader = SourceFileLoader("loc", str(REPO / "scripts" / "loc"))  # a script without .py
+    loc = importlib.util.module_from_spec(importlib.util.spec_from_loader("loc", loader))  # type: ignore[arg-type]
+    loader.exec_module(loc)
+    assert sum(loc.code_lines((REPO / "dspark_hotfix" / name).read_text()) for name in ("cli.py", "doctor.py")) <= 250

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,8 +23,6 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix import __version__, doctor, metrics, registry
-from scripts.venvs import cache_dir
-from tests.cache import unavailable
 from tests.child import import_modules, use_toys
 from tests.conftest import (
     REPO,
@@ -40,6 +37,7 @@ from tests.conftest import (
     warning_lines,
 )
 from tests.reporting.inprocess import AS_SHIPPED, activate, build
+from tests.reporting.promql import documented_queries, promtool
 from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, fixed, module_file
 
 TARGETS = [GREETING.module, PLANNER.module]  # every toy target module, as an engine core imports vLLM's
@@ -227,7 +225,8 @@ def collected(directories: list[str]) -> list[str]:
 
 
 def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
-    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what six pods' processes export."""
+    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what seven pods' processes export:
+    the pod without the shim pages, the B arm of an A/B, off as asked, does not."""
     def pod(name: str, *processes: tuple[list[str], dict[str, str], tuple]) -> str:
         directory = tmp_path / name
         directory.mkdir()
@@ -253,11 +252,13 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
         "fixed-api-server": pod("fixed-api-server", ([PLANNER.module], {}, (fixed_copy,))),
         "fixed-failed": pod("fixed-failed", (TARGETS, {}, (broken,))),
         "off": pod("off", (TARGETS, off, (STANDIN,))),
+        "b-arm": pod("b-arm", (TARGETS, off, (STANDIN,))),  # the B arm of an A/B: its pod labelled arm="b"
     }
+    arms = {"patched": {"arm": "a"}, "b-arm": {"arm": "b"}}  # the pod label, kept on the series by the scrape
     # One collector per pod, all read by one interpreter without the shim.
     scrapes = last_json(run_python(program(partial(collected, list(directories.values()))), path=()).stdout)
     pods = {name: exposed(text) for name, text in zip(directories, scrapes, strict=True)}
-    assert pods["off"] == []
+    assert pods["off"] == pods["b-arm"] == []
     (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}
     (failed_pid,) = {labels["pid"] for _, labels, _ in pods["fixed-failed"]}
 
@@ -265,10 +266,11 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
     where = {"namespace": "serving"}
-    inputs = [{"series": series(name, {**labels, **where, "pod": p}), "values": f"{value:g}x10"}
+    inputs = [{"series": series(name, {**labels, **where, "pod": p, **arms.get(p, {})}), "values": f"{value:g}x10"}
               for p, samples in pods.items() for name, labels, value in samples]
-    inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p}), "values": "0x10"} for p in pods]
-    needed_not_installed, could_drop, without_shim = documented_queries()
+    inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p, **arms.get(p, {})}),
+                "values": "0x10"} for p in pods]
+    needed_not_installed, could_drop, without_shim = documented_queries("On /metrics")
     excluded = {**where, "pod": "excluded", "patch": GREETING.name, "pid": excluded_pid}
     failed = {**where, "pod": "fixed-failed", "patch": GREETING.name, "pid": failed_pid}
     expected = [
@@ -284,44 +286,6 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     proc = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def documented_queries() -> list[str]:
-    """The queries of docs/OPERATORS.md's ```promql block, each without its comment lines."""
-    block = re.search(r"^```promql\n(.*?)^```", (REPO / "docs" / "OPERATORS.md").read_text(), re.M | re.S)
-    assert block is not None
-    queries: list[list[str]] = [[]]
-    for line in block.group(1).splitlines():
-        if line.startswith("#") or not line.strip():
-            if queries[-1]:
-                queries.append([])
-        else:
-            queries[-1].append(line)
-    return ["\n".join(q) for q in queries if q]
-
-
-def promtool() -> str:
-    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, downloaded with apt-get and unpacked
-    once into the cache (never installed: no service of it starts). Where neither can be had, the test skips."""
-    found = shutil.which("promtool")
-    root = cache_dir() / "promtool"
-    binary = root / "usr" / "bin" / "promtool"
-    if found or binary.exists():
-        return found or str(binary)
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        unavailable("promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's prometheus")
-    download = root.with_name("promtool-deb")
-    download.mkdir(parents=True, exist_ok=True)
-    for argv in (["apt-get", "download", "-q", "prometheus"], ["apt-get", "update", "-qq"],
-                 ["apt-get", "download", "-q", "prometheus"]):
-        proc = subprocess.run(argv, cwd=download, capture_output=True, text=True, timeout=600)
-        if proc.returncode == 0 and argv[1] == "download":
-            break
-    debs = sorted(download.glob("prometheus_*.deb"))
-    if not debs:
-        unavailable(f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}")
-    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
-    return str(binary)
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)])

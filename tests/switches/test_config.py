@@ -91,4 +91,6 @@ def test_the_kill_switchs_value_is_never_evaluated_at_interpreter_start(tmp_path
     assert not mark.exists()
     (rows,) = json_lines(proc.stdout)
     assert {row["state"] for row in rows.values()} == {"disabled"}
-    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("dspark_hotfix: DSPARK_HOTFIX="), proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("WARNING ") and "[dspark_hotfix] dspark_hotfix " in line, line
+    assert line.partition("): ")[2].startswith("undecided: DSPARK_HOTFIX="), line

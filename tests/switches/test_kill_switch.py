@@ -6,6 +6,7 @@ interpreter starts, so one of each kind of word, and what off leaves of vLLM, ar
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import pytest
@@ -14,6 +15,9 @@ import dspark_hotfix
 from tests.child import import_modules, module_names, print_status, shim_enabled, use_toys, wrap_depths
 from tests.conftest import REPO, child, json_lines, program
 from tests.toys import FAREWELL, GREETING, PLANNER
+
+# The README's log alert: a [dspark_hotfix] line whose verdict exits 1.
+ALERT = re.compile(r"\[dspark_hotfix\] .*: (problem|undecided): ")
 
 
 @pytest.mark.parametrize("raw", ["0", "off"])
@@ -77,6 +81,9 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
     assert [dspark_hotfix.enabled(), dspark_hotfix.enabled()] == [False, False]
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and lines[0].endswith(": the shim is OFF")
+    # The documented log alert (a [dspark_hotfix] line whose verdict exits 1) sees it, as `status` says it.
+    assert ALERT.search(lines[0]) and lines[0].startswith("WARNING "), lines[0]
+    assert dspark_hotfix.status()["verdict"] == "undecided"
 
 
 @pytest.mark.parametrize(("raw", "on", "said"),
@@ -106,6 +113,8 @@ def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_wa
     (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `DSPARK_HOTFIX` |")]
     assert "on (unset or blank)" in row
     assert "Any other value is off too, with one warning ending `: the shim is OFF`" in row
+    readme = (REPO / "README.md").read_text()
+    assert "`[dspark_hotfix]` line contains `: problem: ` or `: undecided: `" in readme
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())

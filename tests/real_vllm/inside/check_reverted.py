@@ -57,7 +57,8 @@ def _start() -> dict[str, subprocess.Popen[str]]:
 STARTED = _start()
 # Every target module, imported as a server imports them: the shim's hooks run here.
 for _module in dict.fromkeys(p.module for p in ALL):
-    importlib.import_module(_module)
+    if importlib.util.find_spec(_module) is not None:  # (a patch's module some releases lack)
+        importlib.import_module(_module)
 
 
 def status() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -58,9 +58,11 @@ def api() -> None:
 
 def engine() -> None:
     import importlib
+    import importlib.util
 
     for module in ENGINE:
-        importlib.import_module(module)
+        if importlib.util.find_spec(module) is not None:  # (a patch's module some releases lack)
+            importlib.import_module(module)
     print(json.dumps({"pid": os.getpid()}))
 
 
