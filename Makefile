@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint unit slow sweep real-vllm coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
+.PHONY: demo test lint unit slow sweep real-vllm records coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and trac
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m real_vllm
+
+records: $(VENV)/.ready  ## rewrite the CPU records (docs/evidence: hybrid-off, lines, reverted, kv_views) with the real-vLLM tier, then docs/MATRIX.md from them
+	DSPARK_HOTFIX_UPDATE_EVIDENCE=1 $(PY) -m pytest -n 2 --dist loadfile -m real_vllm tests/real_vllm
+	$(PY) scripts/matrix.py
 
 coexist-test: $(VENV)/.ready  ## only the coexistence tier: ddtrace and OpenTelemetry beside the shim on real vLLM 0.25.0
 	$(PY) -m pytest -m coexist

@@ -94,3 +94,16 @@ def query(*command: str) -> str | None:
     if shutil.which(command[0]) is None:
         return None
     return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
+
+
+# ----------------------------------------------------------------------------- one patch alone
+
+
+def one_patch(arm: str) -> str | None:
+    """``DSPARK_HOTFIX_PATCHES`` of an arm that runs the reverted copy with one patch alone (``only-NAME``)
+    or with every patch but one (``without-NAME``), NAME a patch of ``dspark_hotfix.patches.ALL``; None
+    for any other arm. The shim itself warns of a name it does not know."""
+    for prefix, selection in (("only-", "{}"), ("without-", "-{}")):
+        if arm.startswith(prefix) and arm[len(prefix) :]:
+            return selection.format(arm[len(prefix) :])
+    return None

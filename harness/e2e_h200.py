@@ -29,8 +29,9 @@ With --real the model folder gets harness.checkpoint's weights (written once per
 engine loads them (load_format="auto") and records each draft parameter's sha256 and the worker's
 dspark_hotfix.status() (None without the shim). Then also:
 
-  remap-only / no-remap   the reverted copy with the shim's remap alone / without it
-            (DSPARK_HOTFIX_PATCHES): the report's two bugs one at a time
+  only-NAME / without-NAME   the reverted copy with the shim's patch NAME alone / every patch but NAME
+            (DSPARK_HOTFIX_PATCHES): the report's bugs one at a time (records before these names
+            call them remap-only / no-remap)
   tolerant / tolerant-fixed   unmodified vLLM 0.25.0 with the shifted remap in a draft loader that
             skips a layer it does not have (TOLERANT), without / with the shim: the silent form
 
@@ -55,7 +56,7 @@ import zipfile
 from pathlib import Path
 
 from harness import common
-from harness.common import EVIDENCE, REPO
+from harness.common import EVIDENCE, REPO, one_patch
 
 VLLM_VERSION = "0.25.0"
 STAGE = REPO / ".e2e"
@@ -314,18 +315,13 @@ def variant_env(variant: str) -> dict[str, str]:
         shim = [str(REPO)] if variant == "tolerant-fixed" else []
         env["PYTHONPATH"] = os.pathsep.join([*shim, str(DEVICE_ROOT / "vllm-tol"), deps])
         env["DSPARK_HOTFIX"] = "1" if shim else "0"
-    elif variant in ONE_BUG:  # the reverted copy with one of the shim's patches: the other bug alone
+    elif one_patch(variant):  # the reverted copy with one patch alone, or all but one: one bug at a time
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-rev"), deps])
         env.pop("DSPARK_HOTFIX", None)
-        env["DSPARK_HOTFIX_PATCHES"] = ONE_BUG[variant]
+        env["DSPARK_HOTFIX_PATCHES"] = str(one_patch(variant))
     else:
         raise ValueError(variant)
     return env
-
-
-# The report's two bugs one at a time (a real checkpoint: --real): the shim with the remap alone
-# leaves the KV views wrong, the shim without it leaves the draft's weights unplaced.
-ONE_BUG = {"remap-only": "remap_dspark_name", "no-remap": "-remap_dspark_name"}
 
 
 def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:

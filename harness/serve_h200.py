@@ -30,7 +30,8 @@ at N > 1 all-reduces go through NCCL alone, NVLink multicast off, as a shared ho
   shim-hma-off      unmodified 0.25.0 under the launcher, hybrid manager off: the shim's own stop
 
 With --real the servers load harness.checkpoint's weights (no --load-format dummy), and the arms
-remap-only, no-remap, tolerant and tolerant-plugin are there too (ARMS below says what each runs).
+only-NAME, without-NAME (the patch NAME of dspark_hotfix.patches.ALL alone, or every patch but it),
+tolerant and tolerant-plugin are there too (ARMS below says what each runs).
 
 `--arms` are each started, probed (the openai client on /v1/completions, /metrics) and stopped,
 one after another. `--bench A,B` starts both servers side by side (each with 40% of the GPU),
@@ -74,7 +75,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import common, e2e_h200
-from harness.common import EVIDENCE, REPO
+from harness.common import EVIDENCE, REPO, one_patch
 
 STAGE = REPO / ".e2e" / "serve"
 # What the API server imports that neither the H200 image nor e2e_h200's pack has (found by
@@ -301,18 +302,16 @@ ARMS = {
     "shim-hma-off": ("vllm-site", True, True, None),
     # With --real (harness.checkpoint's weights): the report's two bugs one at a time, and the
     # silent form of the first (harness.e2e_h200.TOLERANT's copy), without and with the plugin.
-    "remap-only": ("vllm-rev", True, False, None),
-    "no-remap": ("vllm-rev", True, False, None),
     "tolerant": ("vllm-tol", False, False, None),
     "tolerant-plugin": ("vllm-tol", True, False, None),
 }
-PATCHES = {"remap-only": "remap_dspark_name", "no-remap": "-remap_dspark_name"}  # DSPARK_HOTFIX_PATCHES
+ONE_PATCH = ("vllm-rev", True, False, None)  # only-NAME, without-NAME: harness.common.one_patch
 
 
 def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
     """The environment and the command prefix of an arm; ``None``: the clients' (no vLLM tree, no shim)."""
     root = e2e.DEVICE_ROOT
-    tree, shim, launcher, switch = ARMS[arm] if arm else (None, False, False, None)
+    tree, shim, launcher, switch = (ONE_PATCH if one_patch(arm) else ARMS[arm]) if arm else (None, False, False, None)
     env = e2e.variant_env("baseline")  # the JIT caches, the sampler, CUDA_HOME: shared by every arm
     # Bytecode is written: every server runs three or more Pythons (API server, engine core, the
     # launcher's check) that would otherwise each compile all of vLLM's source again.
@@ -321,8 +320,8 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
     if switch is not None:
         env["DSPARK_HOTFIX"] = switch
     env.pop("DSPARK_HOTFIX_PATCHES", None)
-    if arm in PATCHES:
-        env["DSPARK_HOTFIX_PATCHES"] = PATCHES[arm]
+    if arm and one_patch(arm):
+        env["DSPARK_HOTFIX_PATCHES"] = str(one_patch(arm))
     # Nothing outside the machine can be reached: a server there is an air-gapped one.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # NVLink multicast stays off on a shared host (KINDS.md): vLLM's symmetric-memory all-reduce

@@ -1,8 +1,9 @@
 """docs/MATRIX.md, the version matrix, generated from the code and the committed evidence alone.
 
-The patches, then vLLM build x hybrid KV cache manager on/off x what each patch does x the exact lines, read from:
+vLLM build x hybrid KV cache manager on/off x what each patch does x the exact lines, read from the records
+alone, never from the code: a patch removed since they were written stays in them, and here, as history
+(`make records` writes them anew, then this page):
 
-- dspark_hotfix.patches.ALL and each patch module's docstring: what it is, its target, its removal;
 - docs/evidence/hybrid-off.json: vLLM's own code on the CPU, each build without and with the shim,
   the hybrid manager on and off (tests/real_vllm/test_hybrid_off.py records it);
 - docs/evidence/lines.json: the lines each process kind prints, per build (tests/real_vllm/test_lines.py);
@@ -26,11 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dspark_hotfix.patches import ALL  # noqa: E402
-
 EVIDENCE = ROOT / "docs" / "evidence"
-# vLLM's KV-cache grouping, which the hybrid-off stop wraps.
-GROUPING = next(p.qualname for p in ALL if p.stops)
 TARGET = ROOT / "docs" / "MATRIX.md"
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
 # 0.25.0 with the shifted remap in a draft loader that skips names it does not have (harness.e2e_h200.TOLERANT)
@@ -48,32 +45,22 @@ H200_ARMS = {
 KINDS = ("API server", "engine core", "tensor-parallel worker")
 
 
-def plain(text: str) -> str:
-    """A docstring's reStructuredText as one line of Markdown."""
-    return " ".join(re.sub(r"(?::\w+:)?``?([^`]+)``?", r"`\1`", text).split())
+def recorded_patches(hybrid: dict) -> list[str]:
+    """The patches the records were written with, in the registry's order: each arm with the shim names them all."""
+    (names,) = {tuple(arms["with_shim"]["status"]["patches"]) for arms in hybrid.values()}
+    return list(names)
 
 
-def patch_rows() -> list[str]:
-    """One row per patch: its kind, what it is and when it goes, from its module's docstring."""
-    rows = []
-    for patch in ALL:
-        doc = sys.modules[f"dspark_hotfix.patches.{patch.name}"].__doc__ or ""
-        head = doc.partition("\n")[0].removeprefix(f"{patch.name}: ")
-        removal = re.search(r"^Removal: (.*?)(?:\n\n|\Z)", doc, re.M | re.S)
-        if removal is None:
-            raise SystemExit(f"{patch.name}: its module's docstring has no Removal paragraph")
-        kind = "stop" if patch.stops else "correction"
-        what = head.removeprefix("a stop, not a correction: ").rstrip(".")
-        rows.append(f"| `{patch.name}` | {kind} | {plain(what)} | `{patch.target}` | {plain(removal[1])} |")
-    return rows
-
-
-def states_of(line: str) -> tuple[str, dict[str, str]]:
-    """A line's verdict and each patch's state: named ones as named, the rest `not_needed`."""
+def states_of(line: str, names: list[str]) -> tuple[str, dict[str, str]]:
+    """A line's verdict and the state of each of ``names`` (the patches it was printed with): named ones as
+    named, the rest `not_needed`. A line that counts another number of patches was printed by another run."""
     verdict, _, rest = line.partition(": ")
-    states = {p.name: "not_needed" for p in ALL}
-    for state, names in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest):
-        for name in filter(None, (n.strip() for n in names.split(","))):
+    counted = sum(int(n) for n in re.findall(r"(\d+) \w+", rest))
+    if counted != len(names):
+        raise SystemExit(f"{line!r} counts {counted} patches, the records {len(names)}: run make records")
+    states = dict.fromkeys(names, "not_needed")
+    for state, named in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest):
+        for name in filter(None, (n.strip() for n in named.split(","))):
             states[name] = state
     return verdict, states
 
@@ -128,16 +115,26 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
     return text, notes
 
 
-# The engine runs on the H200 with a real checkpoint (harness/checkpoint.py): variant -> (build, shim).
+# The engine runs on the H200 with a real checkpoint (harness/checkpoint.py): variant -> (build, shim). Any other
+# variant runs the reverted build with some patches excluded (harness.common.one_patch): its row says which.
 WEIGHT_RUNS = {
     "baseline": ("0.25.0", "none"),
     "bug": (REVERTED, "off (`DSPARK_HOTFIX=0`)"),
-    "no-remap": (REVERTED, "on, `DSPARK_HOTFIX_PATCHES=-remap_dspark_name`"),
-    "remap-only": (REVERTED, "on, `DSPARK_HOTFIX_PATCHES=remap_dspark_name`"),
     "fixed": (REVERTED, "on"),
     "tolerant": (TOLERANT, "none"),
     "tolerant-fixed": (TOLERANT, "on"),
 }
+
+
+def selected(run: dict) -> str:
+    """The shim's setting of a run with patches excluded, from the line it printed: the fewer of the patches it
+    kept on and the ones it left off."""
+    line = str(run["shim_lines"][0])
+    on, off = (re.search(rf"\d+ {state} \(([^)]*)\)", line) for state in ("patched", "excluded"))
+    kept, left = ([f"`{name}`" for name in found[1].split(", ")] if found else [] for found in (on, off))
+    if kept and (not left or len(kept) <= len(left)):
+        return f"on, {', '.join(kept)} alone"
+    return f"on, without {', '.join(left)}"
 
 
 def weight_rows() -> list[str]:
@@ -150,7 +147,8 @@ def weight_rows() -> list[str]:
         found.setdefault(run["variant"], []).append(run)
     reference = next((r["draft_digests"] for r in found.get("baseline", []) if r.get("draft_digests")), {})
     rows = []
-    for variant, (build, shim) in WEIGHT_RUNS.items():
+    variants = {**WEIGHT_RUNS, **{v: (REVERTED, selected(found[v][0])) for v in sorted(found) if v not in WEIGHT_RUNS}}
+    for variant, (build, shim) in variants.items():
         runs = found.get(variant, [])
         loaded = sorted({r["draft_params_loaded"] for r in runs if r.get("draft_params_loaded")})
         errors = sorted({r["root_cause"] for r in runs if r.get("root_cause")})
@@ -219,7 +217,8 @@ def render() -> str:
     lines = json.loads((EVIDENCE / "lines.json").read_text())
     h200, notes = h200_cells(json.loads((EVIDENCE / "serve-h200.json").read_text()))
     builds = list(lines)
-    final = {build: states_of(lines[build]["engine core"][-1]) for build in builds}
+    names = recorded_patches(hybrid)
+    final = {build: states_of(lines[build]["engine core"][-1], names) for build in builds}
     for label, arms in hybrid.items():  # the two records agree, or the matrix is not written
         build = CPU_LABEL.get(label, label)
         recorded = {name: p["state"] for name, p in arms["with_shim"]["status"]["patches"].items()}
@@ -228,23 +227,15 @@ def render() -> str:
     out = [
         "# Version matrix",
         "",
-        "Generated by `scripts/matrix.py` from the patches' code and the committed evidence; `make evidence`",
-        "fails where this file is stale (`harness/tests/test_matrix.py`). `0.25.0 reverted` is vLLM 0.25.0 with",
-        "PR #47716 reverted: the reported pre-release's KV-cache code (no registry carries that build).",
-        "",
-        "## The patches",
-        "",
-        "From `dspark_hotfix.patches.ALL`, in the order the registry judges them, and each module's docstring",
-        "(its Symptom, Cause, Upstream and Decision are there too). A stop ends vLLM early, with the cause, where",
-        "vLLM would die anyway.",
-        "",
-        "| patch | kind | what | target | removal |",
-        "|---|---|---|---|---|",
-        *patch_rows(),
+        "Generated by `scripts/matrix.py` from the committed evidence alone (`make records` runs the real-vLLM",
+        "tier that writes the CPU records, then the script); `make evidence` fails where this file is stale",
+        "(`harness/tests/test_matrix.py`). The patches are those the records were written with; what each is and",
+        "when it goes: `dspark_hotfix/patches/__init__.py`. `0.25.0 reverted` is vLLM 0.25.0 with PR #47716",
+        "reverted: the reported pre-release's KV-cache code (no registry carries that build).",
         "",
         "## Builds, hybrid KV cache manager on and off",
         "",
-        f"CPU: vLLM's own `{GROUPING}` and V2 runner views for a DeepSeek-V4 model with DSpark draft",
+        "CPU: vLLM's own KV-cache grouping and V2 runner views for a DeepSeek-V4 model with DSpark draft",
         "layers (docs/evidence/hybrid-off.json). H200: `vllm serve` with the reported flags",
         "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`).",
         "",
@@ -303,9 +294,9 @@ def render() -> str:
         "| patch | " + " | ".join(builds) + " |",
         "|---|" + "---|" * len(builds),
     ]
-    for patch in ALL:
-        cells = " | ".join(final[build][1][patch.name] for build in builds)
-        out.append(f"| `{patch.name}` | {cells} |")
+    for name in names:
+        cells = " | ".join(final[build][1][name] for build in builds)
+        out.append(f"| `{name}` | {cells} |")
     out += [
         "",
         "## The exact lines",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dspark_hotfix import __version__ as VERSION
+from dspark_hotfix.patches import ALL
 from harness import serve_h200
 from harness.common import REPO as ROOT
 
@@ -203,17 +204,20 @@ def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
 
 def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
     e2e = serve._e2e()
-    envs = {arm: serve.arm_env(e2e, arm) for arm in serve.ARMS}
+    # Each patch alone and every patch but one, for each patch of ALL (none or several of them stops).
+    one = [f"{how}-{patch.name}" for patch in ALL for how in ("only", "without")]
+    envs = {arm: serve.arm_env(e2e, arm) for arm in (*serve.ARMS, *one)}
     for arm, (env, prefix) in envs.items():
         paths = env["PYTHONPATH"].split(":")
-        reverted = arm.startswith(("bug", "fixed")) or arm in ("remap-only", "no-remap")
+        reverted = arm.startswith(("bug", "fixed")) or arm in one
         assert ("vllm-rev" in env["PYTHONPATH"]) == reverted, arm
         assert ("vllm-tol" in env["PYTHONPATH"]) == arm.startswith("tolerant"), arm
         assert not any(p.endswith("startup") for p in paths), arm  # only the launcher adds it, in the child
         assert (prefix == ["dspark-hotfix", "run", "--"]) == (arm in ("bug", "fixed-launcher", "shim-hma-off")), arm
         shim = not arm.startswith("baseline") and arm != "tolerant"
         assert any(p.endswith("shim-site") for p in paths) == shim, arm
-        assert env.get("DSPARK_HOTFIX_PATCHES") == serve.PATCHES.get(arm), arm
+        selected = arm.partition("-")[2] if arm.startswith("only-") else f"-{arm.partition('-')[2]}"
+        assert env.get("DSPARK_HOTFIX_PATCHES") == (selected if arm in one else None), arm
     assert envs["bug"][0]["DSPARK_HOTFIX"] == "0"
     assert all("DSPARK_HOTFIX" not in env for arm, (env, _) in envs.items() if arm != "bug")
     assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(Path("m"), "shim-hma-off", 1, 1, 0.4)
@@ -296,17 +300,20 @@ import http.server, multiprocessing, os, signal, sys, time
 
 def start():  # what vLLM's plugin loader does in each process it starts, then the model vLLM builds
     import vllm
+    sys.path.append({repo!r})  # the tests' toy patches (tests/toys.py) as the patch set: no real patch's
+    import tests.toys
+    tests.toys.use()
     from dspark_hotfix import plugin
     plugin.register()
-    from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
-    return DSparkDeepseekV4ForCausalLM()
+    from vllm.toy_model import Greeter
+    return Greeter()
 
 def engine_core(ready):  # a spawned child, as vLLM starts its engine core: two calls at start-up
     model = start()
     import site, sysconfig  # adding a site directory again runs its .pth files again
     site.addsitedir(sysconfig.get_paths()["purelib"])
     for stage in (0, 1):
-        model.{remap}(f"mtp.{{stage}}.attn.wkv.weight")
+        model.greet(f"stage {{stage}}")
     print(f"(EngineCore pid={{os.getpid()}}) INFO GPU KV cache size: 100 tokens", flush=True)
     ready.set()
     time.sleep(3600)
@@ -319,7 +326,7 @@ if __name__ == "__main__":
     port = int(sys.argv[sys.argv.index("--port") + 1])
     model = start()
     import prometheus_client  # as vLLM's API server does: the shim's gauges join its /metrics
-    model.{remap}("mtp.2.attn.wkv.weight")
+    model.greet("api server")
     print(f"(APIServer pid={{os.getpid()}}) INFO starting", flush=True)
     spawn = multiprocessing.get_context("spawn")
     ready = spawn.Event()
@@ -329,7 +336,7 @@ if __name__ == "__main__":
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path == "/v1/serve":  # a request whose handling calls a wrapped function
-                model.{remap}("mtp.0.attn.wkv.weight")
+                model.greet("request")
             body = prometheus_client.generate_latest() if self.path == "/metrics" else b""
             self.send_response(200)
             self.end_headers()
@@ -369,7 +376,7 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     (tmp_path / "deps").symlink_to(sysconfig.get_paths()["purelib"])  # wrapt
     (tmp_path / "serve-bin").mkdir()
     fake = tmp_path / "serve-bin" / "vllm"
-    fake.write_text(FAKE_SERVER.format(python=python, remap="_remap_dspark_name"))
+    fake.write_text(FAKE_SERVER.format(python=python, repo=str(ROOT)))
     fake.chmod(0o755)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -395,14 +402,14 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     assert figure["with_the_shim"] == {"ready": sorted([api, core]), "after-bench": sorted([api, core])}
     assert figure["activated_by"] == ["vllm-plugin"]
     assert {p["hooks"] for p in ready.values()} == {1}  # one watcher in each process, the engine core's too
-    assert figure["at_ready"]["remap_dspark_name"] == 3 and sum(figure["at_ready"].values()) == 3
+    assert figure["at_ready"]["toy_greeting"] == 3 and sum(figure["at_ready"].values()) == 3
     assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1
     # /metrics as an SRE scrapes it: the API server's own gauges (one API server), at each reading
     metrics = server.record["metrics"]
     assert set(metrics) == {"ready", "after-bench"}
     for lines in metrics.values():
         assert f'dspark_hotfix_info{{activated_by="vllm-plugin",version="{VERSION}"}} 1.0' in lines
-        assert 'dspark_hotfix_patch_state{patch="remap_dspark_name",state="patched"} 1.0' in lines
-        assert 'dspark_hotfix_patch_needed{patch="remap_dspark_name"} 1.0' in lines
+        assert 'dspark_hotfix_patch_state{patch="toy_greeting",state="patched"} 1.0' in lines
+        assert 'dspark_hotfix_patch_needed{patch="toy_greeting"} 1.0' in lines
     figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])["metrics"]
     assert figured == {"call-1-02-fixed-plugin": {"arm": "fixed-plugin", **metrics}}

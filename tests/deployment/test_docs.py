@@ -279,11 +279,21 @@ def test_every_tier_selection_the_docs_write_is_the_makefiles():
     assert written and all(expr in tiers.values() for _, expr in written), (written, tiers)
 
 
+def test_the_operators_pages_name_no_patch():
+    # Every patch goes with a release: an example naming one would outlive it. The generated pages and the
+    # patch guide may; these two say `<name>`.
+    for doc in ("README.md", "docs/OPERATORS.md"):
+        named = [p.name for p in ALL if re.search(rf"\b{p.name}\b", text(doc))]
+        assert named == [], (doc, named)
+
+
 def test_the_docs_an_operator_reads_stay_short():
     assert len(text("README.md").splitlines()) <= 120
     assert len(text("docs/OPERATORS.md").splitlines()) <= 250
-    words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS)  # as `cat README.md docs/*.md SECURITY.md | wc -w`
-    assert words <= 9000, words
+    # What people write, as `cat README.md docs/*.md SECURITY.md | wc -w` less the generated pages: a patch's
+    # rows there come and go with the records, not with anyone's prose.
+    words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS if doc not in GENERATED)
+    assert words <= 6500, words
 
 
 def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():

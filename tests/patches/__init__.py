@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 from dspark_hotfix.patches import Patch
 from scripts.venvs import LINES_VERSIONS as RELEASES  # noqa: F401  (the releases RELEASED covers)
@@ -80,6 +81,17 @@ BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
                "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
                "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
 }
+
+
+def engine_start(standin_shim: Any, monkeypatch: Any, switch: str) -> dict[str, Any]:
+    """The stand-in engine's start (tests/standin/warmup.py) in this process, ``DSPARK_HOTFIX`` set to ``switch``:
+    its KV views, the draft weights it loaded and its error."""
+    import dspark_hotfix
+
+    standin_shim()
+    monkeypatch.setenv("DSPARK_HOTFIX", switch)
+    dspark_hotfix.install()
+    return importlib.import_module("warmup").run()
 
 
 def declared(patch: Patch) -> ModuleType:

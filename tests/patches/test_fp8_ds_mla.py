@@ -12,14 +12,12 @@ This module is the layout both spec patches share, so it names those two.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dspark_hotfix
 from dspark_hotfix.patches.attention_kv_cache_spec import PATCH as ATTENTION
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
@@ -29,6 +27,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     runner_bytes_per_token,
 )
 from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
+from tests.patches import engine_start
 
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
 
@@ -141,21 +140,12 @@ def test_a_field_left_out_of_equality_is_kept(vllm):
     assert all(runner_bytes_per_token(g) == 584 for g in got)
 
 
-def engine_start(standin_shim, monkeypatch, switch: str) -> dict:
-    """The stand-in engine's start (tests/standin/warmup.py) in this process, ``DSPARK_HOTFIX`` set to ``switch``."""
-    standin_shim()
-    monkeypatch.setenv("DSPARK_HOTFIX", switch)
-    dspark_hotfix.install()
-    return importlib.import_module("warmup").run()
-
-
 def test_warmup_crashes_without_the_shim(standin_shim, monkeypatch):
     off = engine_start(standin_shim, monkeypatch, "0")
     assert off["error"] == (
         "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
     )
     assert off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]
-    assert "model.layers.0.attn.wkv.weight" not in off["loaded"]
 
 
 def test_warmup_runs_with_the_shim(standin_shim, monkeypatch):

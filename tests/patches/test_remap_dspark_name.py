@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dspark_hotfix.patches.remap_dspark_name import PATCH, remap_dspark_name
-from tests.patches import Fault, Revert, module_file
+from tests.patches import Fault, Revert, engine_start, module_file
 
 REMAP = PATCH
 CORRECT = REMAP.correction  # the patched method's answer from vLLM's
@@ -256,6 +256,18 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
         f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
     assert {CORRECT(remap(draft, name), draft, name) for name in checkpoint} == layer_params
+
+
+def test_the_standin_engine_loads_the_drafts_layer_weights_only_with_the_shim(standin_shim, monkeypatch):
+    # tests/standin/warmup.py loads the draft's checkpoint as vLLM's engine does: without the shim its layers' names
+    # are shifted past the target's, so none of them loads where the draft registers it.
+    off = engine_start(standin_shim, monkeypatch, "0")
+    assert off["loaded"] and not [name for name in off["loaded"] if name.startswith("model.layers.0.")], off
+
+
+def test_with_the_shim_the_standin_engine_loads_them_where_the_draft_registers_them(standin_shim, monkeypatch):
+    on = engine_start(standin_shim, monkeypatch, "1")
+    assert "model.layers.0.attn.wkv.weight" in on["loaded"], on
 
 
 # --- On real vLLM (tests/real_vllm) ---

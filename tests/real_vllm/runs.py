@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tests.real_vllm import revert
 INSIDE = Path(__file__).resolve().parent / "inside"
 REVERTED_VERSION = "0.25.0"  # the first release with the upstream fixes, the reported build's torch (2.11)
 REVERTED = f"{REVERTED_VERSION} reverted"  # a build: the release with every patch's REVERT applied
+RECORDS = "stale: `make records` writes them anew (DSPARK_HOTFIX_UPDATE_EVIDENCE=1), then docs/MATRIX.md"
 
 
 def expected(build: str) -> dict[str, str]:
@@ -41,6 +42,15 @@ def expected(build: str) -> dict[str, str]:
     version, _, how = build.partition(" ")
     return {p.name: "patched" if how == "reverted" and declared(p).REVERT else declared(p).RELEASED[version]
             for p in ALL}
+
+
+def history(named: Iterable[str], counted: int) -> bool:
+    """Whether a record written with ``counted`` patches, ``named`` among them, is history: written with a patch
+    removed since. A run is then held to it only in the states of the patches of ``ALL`` (the record keeps the
+    rest as it was measured); else the run must reproduce it whole. One that lacks a patch of ``ALL`` is stale."""
+    gone = set(named) - {p.name for p in ALL}
+    assert counted - len(gone) >= len(ALL), f"the records lack a patch of ALL: {RECORDS}"
+    return bool(gone) or counted > len(ALL)
 
 
 def reverted_copy(python: Path, version: str = REVERTED_VERSION) -> Path:
