@@ -315,8 +315,7 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
     except Finding as exc:
         _fail(activation, record.patch, str(exc), stop=True)  # its own words say what helps
     except Exception as exc:
-        correction = function is record.patch.correction
-        what, kept = ("correction", "result") if correction else ("arguments step", "arguments")
+        what, kept = ("arguments step", "arguments") if function is record.patch.arguments else ("correction", "result")
         if not record.raised or activation.settings.strict:
             record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own {kept} used)"
             _report(activation)

@@ -45,8 +45,7 @@ VERDICTS = {
     "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
     "problem": "a patch this vLLM needs is not in place",
 }
-EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict, or any problem: 1
-PROBLEM = 1
+EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict (any problem makes it "problem"): 1
 EXIT_CODES = """\
 exit status of status and doctor:
   0  fixing or guarding: the fix is active where this vLLM needs it
@@ -143,7 +142,7 @@ def judge(records: Iterable[Record]) -> dict[str, Any]:
 
 
 def exit_code(report: dict[str, Any]) -> int:
-    return PROBLEM if report["problems"] else EXIT.get(report["verdict"], PROBLEM)
+    return EXIT.get(report["verdict"], 1)
 
 
 def line(records: Iterable[Record]) -> str | None:

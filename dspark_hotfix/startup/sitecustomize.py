@@ -4,8 +4,8 @@ At interpreter start this is the only module of the shim that loads, and it
 imports only the standard library: it puts :class:`VllmImportWatcher` on
 ``sys.meta_path``, then runs the ``sitecustomize`` it shadows (:func:`chain`).
 The ``dspark_hotfix`` package is imported when ``vllm`` is, and activates its
-registry then; where ``DSPARK_HOTFIX`` is not understood, it is imported at once
-to say so. :func:`switch` is the one reading of the switches, the package's too.
+registry then; where ``DSPARK_HOTFIX`` holds a value other than the two it reads
+itself, it is imported at once to read it (:func:`start`).
 No ``from __future__``, no ``typing``, no ``importlib.abc`` base class (importing
 it pulls in ``pathlib`` and ``re``), no logging. Nothing here raises (a start-up
 hook that fails would break every process in the image), except the package's
@@ -26,27 +26,6 @@ def say(text):
         pass
 
 
-TRUE_WORDS = ("1", "true", "on", "yes")
-FALSE_WORDS = ("0", "false", "off", "no")
-
-
-def shown(raw, limit=60):
-    """A switch's value as a warning quotes it: repr, cut to ``limit`` characters."""
-    text = repr(raw)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(raw)} characters)"
-
-
-def switch(name, raw, default, what):
-    """An on/off switch's value, and the problem to say, if any: the one reading of ``DSPARK_HOTFIX``
-    (here, in the package and in its commands) and of ``DSPARK_HOTFIX_STRICT``. Unset or blank
-    (a blank templated variable) is ``default``; any value that is neither a true nor a false word
-    turns ``what`` off, and is said: an A/B arm is never patched by mistake, nor a fleet made strict."""
-    word = (raw or "").strip().lower()
-    if word in TRUE_WORDS + FALSE_WORDS or not word:
-        return word in TRUE_WORDS or (default and not word), None
-    return False, f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: {what} is OFF"
-
-
 def package():
     """The ``dspark_hotfix`` package, or None where it cannot be imported (said on stderr).
 
@@ -63,9 +42,8 @@ def package():
 
         return dspark_hotfix
     except Exception as exc:
-        say(f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: "
-            f"{exc}); install it into this interpreter from a checkout or a wheel built from one: "
-            f"{sys.executable} -m pip install PATH")
+        say(f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
+            f"install it into this interpreter from a checkout or a wheel: {sys.executable} -m pip install PATH")
         return None
     finally:
         del sys.path[:len(ours)]
@@ -80,11 +58,16 @@ def activate(source):
 
 def start():
     """Watch for vLLM, or activate at once where it is imported already (by an earlier
-    sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off."""
-    on, problem = switch("DSPARK_HOTFIX", os.environ.get("DSPARK_HOTFIX"), True, "the shim")
-    if problem:  # the package says it (once in this process, whatever else loads it), and activates nothing
-        activate("sitecustomize")
-    if not on:
+    sitecustomize or a .pth); nothing where ``DSPARK_HOTFIX`` turns the shim off.
+
+    Unset, blank, ``1`` (the Dockerfile's) and ``0`` (the B arm's) are read here; any other
+    value is the package's to read: its :func:`~dspark_hotfix.switch` is the one reading, and
+    says a value it does not understand. So the package loads at start only there."""
+    word = (os.environ.get("DSPARK_HOTFIX") or "").strip()
+    if word not in ("", "1", "0"):  # the package reads it, as 1 or 0
+        shim = package()
+        word = "1" if shim is not None and shim.enabled() else "0"
+    if word == "0":
         return
     if "vllm" in sys.modules:
         activate("sitecustomize")

@@ -18,7 +18,7 @@ from functools import partial
 
 import pytest
 
-from dspark_hotfix.startup import sitecustomize
+import dspark_hotfix
 from tests.activation.children import AS_SHIPPED, CORRECTED, JUDGED, UNWRAPPED, USE_LAST, WRAPPED
 from tests.child import (
     fail,
@@ -178,7 +178,25 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
     assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
-    assert switch is None or switch in sitecustomize.TRUE_WORDS  # start-up reads "1" alone; the package agrees
+
+
+# Values start-up reads itself (blank, 1, 0, padded), and every other: each word in three cases, padded, and others.
+VALUES = ["", "  ", "1", " 1\t", "0", "0 ", *(f(w) for w in dspark_hotfix.TRUE_WORDS + dspark_hotfix.FALSE_WORDS
+                                           for f in (str.upper, str.title, lambda w: f" {w} ")), "2", "nein", "1 0"]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_interpreter_start_reads_every_value_as_the_packages_switch_does(value):
+    # Start-up reads blank, 1 and 0 itself (the Dockerfile's and the B arm's: the package does not load); any
+    # other value is the package's switch's to read. Either way: watching exactly where the switch is on, and
+    # the warning exactly where it has a problem.
+    on, problem = dspark_hotfix.switch(dspark_hotfix.ENABLE, value, True, "the shim")
+    proc = run_python(program(module_names, watchers), path=(REPO,), env={"DSPARK_HOTFIX": value})
+    loaded, watching = json_lines(proc.stdout)
+    assert watching == int(on), (value, proc.stderr)
+    assert ("dspark_hotfix" in loaded) == (value.strip() not in ("", "1", "0"))
+    assert not {"wrapt", "logging", "dspark_hotfix.registry"} & set(loaded)
+    assert ("undecided: " in proc.stderr) == bool(problem), proc.stderr
 
 
 @pytest.mark.parametrize("value", ["", "bogus", "1"])

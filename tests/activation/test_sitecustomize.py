@@ -184,7 +184,7 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     assert proc.stdout.strip() == "vllm imported"
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
-    assert line.endswith(f"install it into this interpreter from a checkout or a wheel built from one: "
+    assert line.endswith(f"install it into this interpreter from a checkout or a wheel: "
                          f"{sys.executable} -m pip install PATH")
 
 

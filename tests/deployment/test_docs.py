@@ -217,7 +217,7 @@ def test_the_verdicts_and_exit_codes_are_written_once_as_the_code_has_them():
     rows = re.findall(r"^\| (\d) \| (?:`(\w+)`)? *\|", text("README.md"), re.MULTILINE)
     documented = {word: int(code) for code, word in rows if word}
     assert set(documented) == set(state.VERDICTS), documented
-    assert documented == {word: state.EXIT.get(word, state.PROBLEM) for word in state.VERDICTS}
+    assert documented == {word: state.exit_code({"verdict": word}) for word in state.VERDICTS}
     helped = dict(re.findall(r"^  (\d)  (.*)$", state.EXIT_CODES, re.MULTILINE))  # what the commands' help says
     assert {int(code) for code, word in rows if not word} == {2} and helped["2"] == "usage error"
     assert {code for code, _ in rows} == set(helped)

@@ -61,7 +61,7 @@ def test_the_b_arm_is_the_a_arm_with_the_shim_off_under_its_own_name_selector_an
     spec = expected["spec"]["template"]["spec"]
     for container in (*spec["initContainers"], *spec["containers"]):
         (switch,) = [e for e in container["env"] if e["name"] == "DSPARK_HOTFIX"]
-        assert switch["value"] in sitecustomize.TRUE_WORDS
+        assert switch["value"] in dspark_hotfix.TRUE_WORDS
         switch["value"] = "0"
     assert b == expected
 
@@ -178,7 +178,7 @@ WHITESPACE = [chr(c) for c in range(0x110000) if chr(c).isspace()]  # what str.s
 
 def check_starts(site, tmp: Path, values: list[str]) -> None:
     for value, proc in zip(values, start_on_the_standin(doctors_step(site), tmp, values), strict=True):
-        on, problem = sitecustomize.switch("DSPARK_HOTFIX", value, True, "the shim")
+        on, problem = dspark_hotfix.switch("DSPARK_HOTFIX", value, True, "the shim")
         b_arm = not on and problem is None
         said = proc.stdout + proc.stderr
         # The B arm starts, saying so; A starts on doctor's exit 0; any other value is refused with doctor's exit 1.
@@ -188,7 +188,7 @@ def check_starts(site, tmp: Path, values: list[str]) -> None:
 
 def test_the_init_container_starts_the_b_arm_for_exactly_the_false_words_the_shim_reads(site, tmp_path):
     # Every word in every case, padded with whitespace the shim strips; the true words in every case too.
-    words = [w for word in (*sitecustomize.FALSE_WORDS, *sitecustomize.TRUE_WORDS) for w in cases(word)]
+    words = [w for word in (*dspark_hotfix.FALSE_WORDS, *dspark_hotfix.TRUE_WORDS) for w in cases(word)]
     padded = [f"{WHITESPACE[n % len(WHITESPACE)]}{w}{WHITESPACE[-n % len(WHITESPACE)]}" for n, w in enumerate(words)]
     check_starts(site, tmp_path, [*words, *padded])
 
