@@ -89,10 +89,8 @@ def steps(path: str, names: list[str]) -> list[tuple[str, Any]]:
     import importlib
 
     imported = [(name, partial(importlib.import_module, name)) for name in names]
-    if path == "install":
-        import dspark_hotfix
-
-        return [("install()", partial(dspark_hotfix.install, "api")), *imported]
+    if path == "install":  # an application's `import dspark_hotfix; dspark_hotfix.install()`, retried whole
+        return [("install()", lambda: importlib.import_module("dspark_hotfix").install("api")), *imported]
     if path == "plugin":  # plugins load after much of vLLM: here before the kind's last import
         return [*imported[:-1], ("load_general_plugins()", load_plugins), imported[-1]]
     return imported

@@ -31,11 +31,12 @@ def swept(path: str, kind: str, waiting: bool, every: bool = False, modules: lis
 
 
 def before_install(path: str, failed: list[dict]) -> list[dict]:
-    """The plugin path's points before ``install()`` has run a statement (the plugin module's start, then
-    ``register``'s and ``install``'s): nothing of the shim has happened, the process is as if vLLM's
-    loader had been interrupted before it called the plugin, and vLLM never calls it again. Left as
-    shipped: the shim is not installed there, and every reader says so."""
-    return [f for f in failed if path == "plugin" and f["at"] <= 3 and
+    """The plugin path's points before ``install()`` has run a statement (the package's and the plugin
+    module's start, then ``register``'s and ``install``'s): nothing of the shim has happened, the process is
+    as if vLLM's loader had been interrupted before it called the plugin, and vLLM never calls it again. Left
+    as shipped: the shim is not installed there, and every reader says so (from ``install``'s ``try`` on,
+    an interrupt finds the activation finished first)."""
+    return [f for f in failed if path == "plugin" and "rows" in f and
             {r["detail"] for r in f["rows"]} == {"not installed in this process"}]
 
 
@@ -61,13 +62,13 @@ def test_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_proc
 @pytest.mark.parametrize(("path", "kind"), PATHS)
 def test_on_the_stand_in_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_real_patches_applied(
         path, kind):
-    assert_stand_in(*swept(path, kind, False, modules=stand_in_modules()))
+    assert_stand_in(path, *swept(path, kind, False, modules=stand_in_modules()))
 
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(("path", "kind"), PATHS)
 def test_on_the_stand_in_an_interrupt_at_any_point_leaves_the_real_patches_applied(path, kind):
-    assert_stand_in(*swept(path, kind, False, every=True, modules=stand_in_modules()))
+    assert_stand_in(path, *swept(path, kind, False, every=True, modules=stand_in_modules()))
 
 
 @pytest.mark.sweep
@@ -89,9 +90,10 @@ def stand_in_modules() -> list[str]:
     return [package, *(m for m in targets if not m.startswith(f"{package}."))]
 
 
-def assert_stand_in(whole: dict, failed: list, points: int) -> None:
+def assert_stand_in(path: str, whole: dict, failed: list, points: int) -> None:
     assert whole["status_line"] in ("fixing", "guarding") and whole["line"].startswith(whole["status_line"]), whole
     assert set(whole["status"].values()) <= {"patched", "not_needed"}, whole
     assert whole["doctor"] == [whole["status_line"], whole["status"]], whole
     assert whole["multiprocess"] == whole["single"] == whole["status"], whole
+    failed = [f for f in failed if f not in before_install(path, failed)]
     assert failed == [], f"{len(failed)} of {points} points: {failed[:3]}"

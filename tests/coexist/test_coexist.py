@@ -37,7 +37,7 @@ import pytest
 from dspark_hotfix.cli import startup_dir
 from scripts.venvs import cache_dir, ensure_venv
 from tests import status_shape
-from tests.child import import_modules, load_plugins
+from tests.child import import_modules, import_present, load_plugins
 from tests.conftest import REPO, clean_env, json_lines, program
 from tests.real_vllm.runs import expected
 
@@ -141,7 +141,7 @@ def argv_and_env(tool: Tool, order: str, site: Path, plugins: Path, python: str)
     # vLLM imported (and its plugins loaded, where the plugin alone activates), every patch's target, then what
     # the child says: the other tool's work, and the shim's.
     code = program(partial(import_modules, ["vllm"]), *([load_plugins] if order == "plugin-only" else []),
-                   partial(import_modules, status_shape.target_modules()), tool.at_work, shim_says)
+                   partial(import_present, status_shape.target_modules()), tool.at_work, shim_says)
     env = clean_env(**tool.env, PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(site))
     # The launcher runs from the checkout; it takes the checkout off the command's PYTHONPATH.
     launcher = [python, "-m", "dspark_hotfix", "run", "--"]

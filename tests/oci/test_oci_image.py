@@ -32,7 +32,7 @@ from dspark_hotfix.patches import ALL
 from scripts import dist
 from tests import kubernetes, status_shape
 from tests.cache import unavailable
-from tests.child import environ, import_modules
+from tests.child import environ, import_present
 from tests.conftest import REPO, json_lines, program
 from tests.oci import build
 
@@ -62,7 +62,7 @@ def found_after_uninstall() -> list[bool]:
 
 
 # Every patch's target module imported, then what the container's process says.
-PROBE = program(partial(import_modules, status_shape.target_modules()), container_says)
+PROBE = program(partial(import_present, status_shape.target_modules()), container_says)
 # The digest of a layer that changes nothing: an empty tar archive.
 EMPTY_LAYER = f"sha256:{hashlib.sha256(bytes(1024)).hexdigest()}"
 # A patch the reported build needs: the stand-in needs every correction (status_shape.fixes_installed).
