@@ -90,8 +90,8 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
                          [(" yes ", True, False), (" no ", False, False), ("", True, False), ("maybe", False, True)],
                          ids=["a true word", "a false word", "blank", "another value"])
 def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
-    # The start-up hook reads the switch at interpreter start with the package's own reading (switch()): the
-    # same answer, and a value not understood said once in the process, not once per reading.
+    # The start-up hook reads blank, 1 and 0 itself and hands any other value to the package's own reading
+    # (switch()): the same answer, and a value not understood said once in the process, not once per reading.
     proc = child(program(shim_enabled, shim_enabled), env={"DSPARK_HOTFIX": raw})
     assert json_lines(proc.stdout) == [on, on]
     lines = proc.stderr.splitlines()
