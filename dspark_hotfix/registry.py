@@ -4,8 +4,11 @@ Interpreter start only inserts the start-up hook's ``VllmImportWatcher``; this m
 is imported when ``vllm`` is. :func:`activate` registers one wrapt post-import
 hook per patch. A hook fires when vLLM has imported the patch's module (at once
 if it is imported already; a module another thread is still importing is waited
-for). It asks the patch's probe whether the running vLLM needs the patch, and
-only then wraps vLLM's function: its answer goes through ``patch.correction``.
+for, outside the registration's lock). The shim's own finder (:func:`_find`)
+hands each load of a hooked module wrapt's loader, which runs the hooks, so
+wrapt's finder, which can hang two importing threads, is never asked. A hook
+asks the patch's probe whether the running vLLM needs the patch, and only then
+wraps vLLM's function: its answer goes through ``patch.correction``.
 Each record holds one state, and ``state`` is the one reading of it.
 
 The failure policy is :func:`_fail`: say it, and let vLLM run unpatched. In
@@ -92,8 +95,15 @@ def activate(source: str) -> None:
     global _active
     with state.lock:
         activation = _active = _active or Activation(source)
-    with activation.registering:
+    with activation.registering:  # every hook whose module is not part-way imported
         _register(activation)
+    skipped = {m for i, (m, _) in enumerate(activation.hooks) if i not in activation.hooked and m in sys.modules}
+    for module in skipped - _stuck:  # (part-way imported then: whole once waited for, outside the lock, as the
+        with contextlib.suppress(Exception):  # thread importing it may be waiting for it to activate: the start-up
+            importlib.import_module(module)  # hook's loader; its own error is vLLM's to meet)
+    if skipped:
+        with activation.registering:
+            _register(activation)
     _import_everywhere(activation)
     _report(activation)
 
@@ -102,16 +112,16 @@ def _register(activation: Activation) -> None:
     try:
         import wrapt
 
-        _copyable(wrapt.importer)
+        if not any(finder is _finder for finder in sys.meta_path):  # (a wrapt without its chained loader fails here)
+            chained = wrapt.importer._ImportHookChainedLoader  # its specs copy and pickle (see the note below)
+            chained.__copy__ = chained.__deepcopy__ = None
+            chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
+            wrapt.register_post_import_hook(lambda module: None, __name__)  # ahead of wrapt's finder, before any
+            sys.meta_path.insert(0, _finder)  # hook of vLLM's: wrapt's first registration puts it first
         for i, (module, hook) in enumerate(activation.hooks):
-            if i not in activation.hooked and _wait_for(module):
+            if i not in activation.hooked and not state.running(module):  # (its hook would judge half of it)
                 wrapt.register_post_import_hook(hook, module)
                 activation.hooked.add(i)
-            elif i not in activation.hooked:  # said by its patches
-                for record in (r for r in activation.records.values() if r.patch.module == module):
-                    record.detail = f"{module} is still being imported (further up this thread, or at a fork)"
-        if not any(finder is _finder for finder in sys.meta_path):  # ahead of wrapt's own finder, which its
-            sys.meta_path.insert(0, _finder)  # first registration put first
     except HotfixError:  # a hook that fired at once: strict mode, or a stop
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -122,33 +132,13 @@ def _register(activation: Activation) -> None:
                                     f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
 
 
-# wrapt's private names, here, in _after_fork_in_child and in _find (tests/activation/test_wrapt_internals.py holds
-# them to the wrapt releases the project supports): its import hooks' lock and table, and its chained loader.
-
-def _copyable(importer: Any) -> None:
-    """Let the specs wrapt's importer hands out copy and pickle, as those of the shim's own loader do.
-
-    Until a hook's module is imported (a vLLM module, ``prometheus_client``), ``importlib.util.find_spec``
-    gives it wrapt's ``_ImportHookChainedLoader``: an ``ObjectProxy``, whose ``__copy__``, ``__deepcopy__``
-    and ``__reduce__`` (wrapt 1.x: ``__reduce_ex__`` too) raise ``NotImplementedError``. Availability checks
-    copy and pickle specs: the defect the start-up hook's ``ActivatingLoader`` is built to avoid. So a copy
-    or a pickle of that proxy is one of the loader it wraps (loading through a copy fires no hook, as
-    through any spec found before the hooks); the proxy itself loads, and fires the hooks, as before. A
-    wrapt without that class, or that refuses the change, is left as it is."""
-    with contextlib.suppress(Exception):
-        chained = importer._ImportHookChainedLoader
-        chained.__copy__ = chained.__deepcopy__ = None  # then copy reduces it, as pickle does
-        chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
-
-
-def _wait_for(name: str) -> bool:
-    """Wait for a module another thread is importing, as hooks judge whole modules. False where it
-    cannot complete: this very thread is importing it, further up, or a thread of the parent was,
-    before this process forked (its lock belongs to a thread that does not exist here)."""
-    if state.running(name) and name not in _stuck:
-        with contextlib.suppress(Exception):  # (its own error is vLLM's to meet)
-            importlib.import_module(name)
-    return not state.running(name)
+# wrapt's private names, in _register, _after_fork_in_child and _find (tests/activation/test_wrapt_internals.py
+# holds them to the wrapt releases the project supports): its import hooks' lock and table, its finder and its
+# chained loader. The specs _find gives carry that loader: an ObjectProxy, whose __copy__, __deepcopy__ and
+# __reduce__ (wrapt 1.x: __reduce_ex__ too) raise NotImplementedError, where availability checks copy and
+# pickle specs (the defect the start-up hook's ActivatingLoader is built to avoid). So _register makes a copy or
+# a pickle of it one of the loader it wraps: loading through a copy fires no hook, as through any spec found
+# before the hooks; the proxy itself loads, and fires the hooks, as before.
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
@@ -248,21 +238,35 @@ def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bo
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
 
 
-def _find(fullname: str, path: Any = None, target: Any = None) -> None:
-    """The shim's finder, first on ``sys.meta_path`` once its hooks are registered. At the start of each new
-    load of a module the shim hooks, its hooks go back to wrapt wherever wrapt dropped them (an import
-    cut short after its hooks ran), so a hook is armed whatever ended the module's last import: in strict
-    mode, the hook whose HotfixError failed an import fails every retry of it the same way (without a usable
-    wrapt, every activation does). wrapt drops a module's hooks as it runs them, so without this an import
-    that fails after that would be retried unhooked. Called with the import lock held, it imports nothing;
-    it takes only wrapt's lock, as wrapt's finder does."""
-    if _active is not None and fullname not in sys.modules:
-        hooks = [hook for i, (module, hook) in enumerate(_active.hooks) if module == fullname and i in _active.hooked]
-        if hooks:  # (an empty entry would make wrapt's finder take the module)
-            importer = sys.modules["wrapt.importer"]  # wrapt's private table of the hooks for a module's next load
-            with importer._post_import_hooks_lock:
-                armed = importer._post_import_hooks.setdefault(fullname, [])
-                armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
+def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
+    """The shim's finder, ahead of wrapt's on ``sys.meta_path`` from before the first hook: it does wrapt's
+    finder's work for the modules the shim hooks, so that wrapt's is never asked for them.
+
+    For each new load of such a module, it asks the finders after it (but wrapt's) for the spec, with the
+    ``path`` the import system gives, puts the module's hooks back in wrapt's table where wrapt dropped them
+    (it does as it runs them: an import cut short after that would be retried unhooked), and hands the spec
+    wrapt's chained loader, which runs them once the module has run. So a hook is armed whatever ended the
+    module's last import: in strict mode, the hook whose HotfixError failed an import fails every retry of
+    it the same way. wrapt's finder imports the module's parent package with the import lock held: a thread
+    importing a target while another still executes ``vllm`` would wait for it while it waited for the lock.
+
+    Called with the import lock held, it imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
+    if _active is None or fullname in sys.modules:
+        return None
+    hooks = [hook for i, (module, hook) in enumerate(_active.hooks) if module == fullname and i in _active.hooked]
+    importer, spec = sys.modules["wrapt.importer"], None  # (wrapt's private names: see above)
+    for finder in sys.meta_path[sys.meta_path.index(_finder) + 1:] if hooks and _finder in sys.meta_path else ():
+        if not isinstance(finder, importer.ImportHookFinder) and hasattr(finder, "find_spec"):
+            spec = finder.find_spec(fullname, path, target)  # (one that asks the meta path again guards itself,
+            if spec is not None:  # as wrapt's does: it would ask itself again too)
+                break
+    if spec is None or spec.loader is None:
+        return spec
+    with importer._post_import_hooks_lock:
+        armed = importer._post_import_hooks.setdefault(fullname, [])
+        armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
+    spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (wrapt's finder, which alone hands it, is skipped)
+    return spec
 
 
 _finder = types.SimpleNamespace(find_spec=_find)

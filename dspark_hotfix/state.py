@@ -99,6 +99,8 @@ def row(record: Record) -> dict[str, Any]:
     state, detail = record.state, record.detail
     if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
         state, detail = PENDING, f"waiting for {record.patch.module} (its last import did not complete)"
+    elif state == PENDING and running(record.patch.module):  # (a thread's import, or one at a fork, not whole)
+        detail = f"{record.patch.module} is still being imported (further up a thread, or at a fork)"
     elif state == PATCHED and not still_called(record):
         state, detail = FAILED, (f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
                                  "(its module reloaded?); restart the process")
@@ -150,9 +152,7 @@ def line(records: Iterable[Record]) -> str | None:
     judged = judge(records)
     if any(each["state"] == PENDING for each in judged["patches"]):
         return None
-    names: dict[str, list[str]] = {state: [] for state in STATES}
-    for each in judged["patches"]:
-        names[each["state"]].append(each["name"])
+    names = {state: [each["name"] for each in judged["patches"] if each["state"] == state] for state in STATES}
     counts = [f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
               for state, n in names.items() if n]
     return f"{judged['verdict']}: {', '.join(counts)}"

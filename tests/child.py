@@ -165,10 +165,12 @@ def run_cli(*argv: str) -> None:
 def toy_calls() -> dict[str, object]:
     """Every toy target called as the toy build's callers would, with what each gave (an exception: its type's
     name): ``tests.activation.children.CORRECTED`` where the toys are applied, ``AS_SHIPPED`` where not."""
+    import importlib
     from types import SimpleNamespace
 
-    import vllm.toy_model
-    import vllm.toy_planner
+    # As sys.modules holds them: a module imported by another thread while the package's import failed here
+    # is no attribute of the package imported again (CPython's import, with or without the shim).
+    model, planner = importlib.import_module("vllm.toy_model"), importlib.import_module("vllm.toy_planner")
 
     def call(f: Any, *args: object) -> object:
         try:
@@ -176,9 +178,9 @@ def toy_calls() -> dict[str, object]:
         except Exception as exc:
             return type(exc).__name__
 
-    return {"greet": call(vllm.toy_model.Greeter().greet, "ada"),
-            "plan": call(vllm.toy_planner.plan, SimpleNamespace(compact=False), [1, 2]),
-            "compact": call(vllm.toy_planner.plan, SimpleNamespace(compact=True), [1, 2])}
+    return {"greet": call(model.Greeter().greet, "ada"),
+            "plan": call(planner.plan, SimpleNamespace(compact=False), [1, 2]),
+            "compact": call(planner.plan, SimpleNamespace(compact=True), [1, 2])}
 
 
 def states() -> dict[str, str]:
@@ -223,9 +225,10 @@ def wrap_depths() -> dict[str, int | None]:
 
 
 def slow_import(module: str, thread: str, pause: float = 0.5, release: threading.Event | None = None,
-                ) -> threading.Event:
+                then: str | None = None) -> threading.Event:
     """Slow the import of ``module`` in the thread named ``thread``: that thread holds the module's import
-    lock for ``pause`` seconds (or until ``release`` is set); the Event returned is set when it starts to."""
+    lock for ``pause`` seconds (or until ``release`` is set), then imports ``then`` (as the module's body
+    would) before it runs the module; the Event returned is set when it starts to hold it."""
     inside = threading.Event()
 
     class SlowLoader:
@@ -242,6 +245,8 @@ def slow_import(module: str, thread: str, pause: float = 0.5, release: threading
                 release.wait(30)
             else:
                 time.sleep(pause)
+            if then is not None:
+                importlib.import_module(then)
             self.loader.exec_module(module)
 
     class SlowImport:
@@ -258,17 +263,22 @@ def slow_import(module: str, thread: str, pause: float = 0.5, release: threading
 
 
 def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0,
-                           error: type[BaseException] = KeyboardInterrupt) -> threading.Event:
+                           error: type[BaseException] = KeyboardInterrupt, after: bool = False) -> threading.Event:
     """The child's wrapt raises KeyboardInterrupt (or ``error``) at its ``at``-th hook registration, once (in
-    the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there. The
-    Event returned is set just before."""
+    the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there; with
+    ``after``, at every registration from then on too (a wrapt that cannot register hooks). The
+    Event returned is set just before. The registry's own first registration (of its own module, which puts
+    wrapt's finder behind the shim's) is not counted: a hook's is."""
     import wrapt
 
     register, calls, inside = wrapt.register_post_import_hook, [], threading.Event()
 
     def interrupted(hook: Any, name: str) -> Any:
+        if name == "dspark_hotfix.registry":
+            return register(hook, name)
         calls.append(name)
-        if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
+        here = len(calls) == at or (after and len(calls) > at)
+        if here and (not main_thread_only or threading.current_thread() is threading.main_thread()):
             inside.set()
             time.sleep(pause)
             raise error

@@ -97,31 +97,26 @@ class VllmImportWatcher:
     The construction is deliberate and not new: ddtrace's module watchdog
     (``ModuleWatchdog.find_spec`` in DataDog/dd-trace-py) asks the finders after
     it itself and wraps the loader it gets, its fix for the same import-lock
-    deadlock; wrapt's importer (``ImportHookFinder``, the hooks' own mechanism)
-    guards its re-entry the way ``asking`` does here.
+    deadlock. A finder asked here that asks the meta path again guards its own
+    re-entry, as wrapt's importer (``ImportHookFinder``) does: it would ask
+    itself again too.
     """
 
-    __slots__ = ("asking", "done", "source")
+    __slots__ = ("done", "source")
 
     def __init__(self, source):
         self.source = source
         self.done = False
-        self.asking = False  # the finders asked below may ask the meta path again
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.done or self.asking or not (fullname == "vllm" or fullname.startswith("vllm.")) or \
-                self not in sys.meta_path:
+        if self.done or not (fullname == "vllm" or fullname.startswith("vllm.")) or self not in sys.meta_path:
             return None
-        self.asking = True
-        try:
-            for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
-                spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-                if spec is not None:
-                    break
-            else:
-                return None
-        finally:
-            self.asking = False
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
         if hasattr(spec.loader, "exec_module"):
             spec.loader = ActivatingLoader(spec.loader, self)  # type: ignore[assignment]  # no abc base, see above
         return spec

@@ -7,6 +7,7 @@ the shim itself, in the order its race needs.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
@@ -97,6 +98,25 @@ def plugin_registered_in_another_thread() -> None:
     dspark_hotfix.install()
     worker.join()
     print(json.dumps(seen))
+
+
+def target_imported_while_the_package_executes() -> None:
+    """The hooks are registered before vLLM is imported; the main thread executes vLLM's package (slowed
+    down), a second thread imports a target's module meanwhile, and the package's body imports a module of
+    its own. wrapt's finder would import the target's parent (the package) with the import lock held."""
+    hang_guard()
+    use_toys()
+    import dspark_hotfix
+
+    dspark_hotfix.install()
+    inside = slow_import("vllm", "MainThread", then="colorsys")  # any module not imported yet
+    worker = threading.Thread(target=lambda: inside.wait(5) and importlib.import_module("vllm.toy_model"))
+    worker.start()
+    import vllm  # noqa: F401
+
+    worker.join()
+    import_toy_targets()
+    print_status()
 
 
 def fork_during_activation(hooks_before_fork: int, stall: float) -> None:

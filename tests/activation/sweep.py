@@ -1,8 +1,9 @@
 """The fault sweep's child: one activation path, interrupted once at each point of the shim's work in turn.
 
 A point is a call event of a frame with the shim's code on its stack (the shim's own functions, and what
-they call: wrapt, the import system, logging, a probe's call into vLLM), or a line event of the shim's own
-code: everywhere CPython can run a signal handler while the shim works. :func:`sweep` runs the path once
+they call: wrapt, the import system, logging, a probe's call into vLLM), the return of a call the shim
+makes into C, or a jump back in the shim's own code: everywhere CPython can run a signal handler while the
+shim works. :func:`sweep` runs the path once
 whole, counting the main thread's points, then forks one process per point; that process raises
 ``KeyboardInterrupt`` at its point (from a trace function, as a Ctrl-C's handler would), then does what the
 process would do next: the interrupted step again (an import retried, ``install()`` called again; vLLM's
@@ -21,6 +22,7 @@ nothing of it imported.
 
 from __future__ import annotations
 
+import dis
 import inspect
 import json
 import os
@@ -54,15 +56,30 @@ def shim_code(code: Any, seen: dict[Any, bool] = {}) -> bool:  # noqa: B006  (a 
     return seen[code]
 
 
-def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, list[int]]:
-    """A profile function raising KeyboardInterrupt at the ``at``-th point (0: never), and the count so far.
+# The jumps back where CPython checks for a signal (a loop's end): JUMP_BACKWARD_NO_INTERRUPT does not.
+BACKWARD = {code for name, code in dis.opmap.items() if "BACKWARD" in name and "NO_INTERRUPT" not in name}
 
-    CPython runs a signal's handler where it checks for one: as a function starts, and as a call returns
-    (a loop's backward jump too, which the calls in the loop's body stand for here). So with ``every`` the
-    points are the start and the return of each function of the shim and of each it calls, and the return
-    of each call the shim makes into C; without, the start of each function of the shim (the fast tier's
-    bound). A generator's frames are left out: resumed, it does not check."""
+
+def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, Any, list[int]]:
+    """A profile function and a trace function raising KeyboardInterrupt at the ``at``-th point (0: never),
+    and the count so far.
+
+    CPython runs a signal's handler where it checks for one: as a function starts, as a call into C returns,
+    and at a loop's jump back. So with ``every`` the points are the start and the return of each function of
+    the shim and of each it calls, the return of each call the shim makes into C, and each jump back in the
+    shim's own code (the trace function's, from its opcode events); without, the start of each function of
+    the shim (the fast tier's bound), and no trace function. A generator's frames are left out: resumed, it
+    does not check."""
     count = [0]
+
+    def point() -> None:
+        count[0] += 1
+        if count[0] == 1 and on_first is not None:
+            on_first()
+        if count[0] == at:
+            sys.setprofile(None)
+            sys.settrace(None)
+            raise KeyboardInterrupt
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if not every:
@@ -74,14 +91,18 @@ def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, list[int]]:
         elif event not in ("call", "return") or frame.f_code.co_flags & GENERATOR or not (
                 shim_code(frame.f_code) or (frame.f_back is not None and shim_code(frame.f_back.f_code))):
             return
-        count[0] += 1
-        if count[0] == 1 and on_first is not None:
-            on_first()
-        if count[0] == at:
-            sys.setprofile(None)
-            raise KeyboardInterrupt
+        point()
 
-    return profile, count
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            if frame.f_code.co_flags & GENERATOR or not shim_code(frame.f_code):
+                return None
+            frame.f_trace_lines, frame.f_trace_opcodes = False, True
+        elif event == "opcode" and frame.f_code.co_code[frame.f_lasti] in BACKWARD:
+            point()
+        return trace
+
+    return profile, trace if every else None, count
 
 
 def steps(path: str, names: list[str]) -> list[tuple[str, Any]]:
@@ -96,13 +117,14 @@ def steps(path: str, names: list[str]) -> list[tuple[str, Any]]:
     return imported
 
 
-def second_step(path: str) -> tuple[str, Any]:
-    """What the second thread does: import a module of vLLM that no patch targets (the start-up hook makes
-    it wait for the activation), or call ``install()`` (which waits for the registration under way)."""
+def second_step(path: str, modules: list[str]) -> tuple[str, Any]:
+    """What the second thread does: import the first target's module, right under the package the main
+    thread executes (the start-up hook makes it wait for the activation), or call ``install()`` (which waits
+    for the registration under way)."""
     import importlib
 
     if path == "sitecustomize":
-        return "vllm.v1", lambda: importlib.import_module("vllm.v1")
+        return modules[0], partial(importlib.import_module, modules[0])
     import dspark_hotfix
 
     return "install()", lambda: dspark_hotfix.install("api")
@@ -136,18 +158,20 @@ def run_point(path: str, kind: str, waiting: bool, every: bool, modules: list[st
     second: list[threading.Thread] = []
 
     def start_second() -> None:
-        thread = threading.Thread(target=run_steps, args=([second_step(path)], []), daemon=True)
+        thread = threading.Thread(target=run_steps, args=([second_step(path, modules)], []), daemon=True)
         second.append(thread)
         thread.start()
         time.sleep(0.005)  # it runs until it waits for what the main thread holds
 
     interrupted: list[str] = []
-    profile, count = profiler(at, start_second if waiting else None, every)
+    profile, trace, count = profiler(at, start_second if waiting else None, every)
     sys.setprofile(profile)
+    sys.settrace(trace)
     try:
         run_steps(steps(path, imports(kind, modules)), interrupted)
     finally:
         sys.setprofile(None)
+        sys.settrace(None)
     for thread in second:
         thread.join(HUNG / 2)
     run_steps(steps("", [*modules, "prometheus_client"]), [])  # the engine's later imports

@@ -51,6 +51,13 @@ def test_plugin_in_a_second_thread_returns_only_once_the_hooks_exist_and_the_mod
     assert last_json(proc.stdout) == {"wrapped": True, "states": JUDGED}, proc.stderr
 
 
+def test_a_target_imported_in_another_thread_while_vllms_package_executes_never_hangs():
+    # wrapt's finder imports a module's parent package with the import lock held: the second thread held
+    # it, waiting for the package, while the package's body waited for it to import a module: a hang for
+    # good. The shim's finder hands hooked modules wrapt's loader itself, with the path it is given.
+    assert_finishes_patched(call_in_child(racing.target_imported_while_the_package_executes, stand_in_alone=True))
+
+
 @pytest.mark.parametrize("hooks_before_fork", [0, 2])
 def test_a_child_forked_during_another_threads_activation_completes_it_whole(hooks_before_fork):
     # The fork does not wait: the child keeps what its parent had done (nothing is ever undone) and

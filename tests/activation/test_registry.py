@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 
 from tests.activation import installs
-from tests.activation.children import JUDGED, JUDGED_LINE, USE_LAST, WRAPPED
+from tests.activation.children import JUDGED, JUDGED_LINE, UNWRAPPED, USE_LAST, WRAPPED
 from tests.child import import_toy_targets
 from tests.conftest import (
     REPO,
@@ -134,3 +134,14 @@ def test_wrapt_failing_part_way_leaves_a_decision_already_made_as_it_was():
     assert depth == {**WRAPPED, PLANNER.name: 0}  # the planner's function as shipped
     assert {n: r["state"] for n, r in rows.items()} == {**{n: "failed" for n in JUDGED}, GREETING.name: "patched"}
     assert "wrapt is not usable (RuntimeError" in proc.stderr
+
+
+def test_a_wrapt_without_the_loader_the_shims_finder_hands_out_is_unusable_and_vllm_imports_as_shipped():
+    # The shim's finder would fail every import it hooks: the registry finds the name missing first, says
+    # wrapt is not usable, and puts no finder in place.
+    proc = call_in_child(installs.wrapt_without_its_chained_loader, stand_in_alone=True)
+    assert proc.returncode == 0, proc.stderr
+    depth, rows = json_lines(proc.stdout)[-2:]
+    assert depth == UNWRAPPED, depth
+    assert {r["state"] for r in rows.values()} == {"failed"}, rows
+    assert "wrapt is not usable (AttributeError" in proc.stderr and "_ImportHookChainedLoader" in proc.stderr

@@ -1,5 +1,6 @@
-"""wrapt's private names the registry relies on (``_after_fork_in_child``, ``_find``, ``_copyable``), held to
-both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile installs) and the newest
+"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find``,
+``_copyable``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
+installs) and the newest
 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ def relied_on() -> dict[str, object]:
         "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
         "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__ == type(threading.RLock()).__name__,
         "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
+        "finder": isinstance(getattr(i, "ImportHookFinder", None), type),
+        "finder_first": "sys.meta_path.insert(0, ImportHookFinder())" in inspect.getsource(i.register_post_import_hook),
         "notify_pops": "_post_import_hooks.pop(" in inspect.getsource(i.notify_module_loaded),
     }
 
 
 def expected(version: str) -> dict:
-    return {"version": version, "hooks": "dict", "lock": True, "chained": True, "notify_pops": True}
+    return {"version": version, "hooks": "dict", "lock": True, "chained": True, "finder": True, "finder_first": True,
+            "notify_pops": True}
 
 
 def test_the_wrapt_of_this_venv_has_what_the_registry_relies_on():
