@@ -19,7 +19,7 @@ lint: $(VENV)/.ready
 	$(PY) -m ruff format --check harness
 	$(PY) -m mypy
 
-FAST := not real_vllm and not oci and not ray and not coexist and not sweep
+FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long
 SLOW := real_vllm or oci or ray or coexist or sweep
 
 test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray, coexistence and sweep tiers
@@ -27,7 +27,7 @@ test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then t
 unit: $(VENV)/.ready  ## the fast tiers only, in parallel
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
 
-slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix), and the every-point sweep
+slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix), and the sweep tier
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(SLOW)"
 
 real-vllm: $(VENV)/.ready  ## only the real-vLLM tier (installs vLLM releases into ~/.cache/dspark-hotfix)
@@ -49,8 +49,8 @@ oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see
 	@echo "  docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.25.0 ." >&2
 	@exit 2
 
-sweep: $(VENV)/.ready  ## only the sweep tier: every point of every activation path interrupted in turn, on the toys and on the stand-in
-	$(PY) -m pytest -n 2 --dist loadfile -m sweep
+sweep: $(VENV)/.ready  ## every point of every activation path interrupted in turn, on the toys and on the stand-in with the real patches (long)
+	$(PY) -m pytest -n 2 --dist loadfile -m "sweep or sweep_long"
 
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
 	$(PY) -m pytest -m ray

@@ -5,8 +5,8 @@ line, ``status()``, doctor and ``/metrics`` (multiprocess files and the live reg
 that was never interrupted says.
 
 The fast tier sweeps the start of each of the shim's functions on the toys; the slow tier (``sweep``
-marker, in ``make test``) sweeps every point, on the toys here and on the stand-in with the real patches
-(test_interrupt_sweep_stand_in.py: a file of its own, so that the slow tier's two workers share the sweeps).
+marker, in ``make test``) sweeps every point on the toys. The stand-in with the real patches has a file of
+its own (test_interrupt_sweep_stand_in.py), so that the slow tier's two workers share the sweeps.
 """
 
 from __future__ import annotations
