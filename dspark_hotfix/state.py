@@ -99,8 +99,6 @@ def row(record: Record) -> dict[str, Any]:
     state, detail = record.state, record.detail
     if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
         state, detail = PENDING, f"waiting for {record.patch.module} (its last import did not complete)"
-    elif state == PENDING and running(record.patch.module):  # (a thread's import, or one at a fork, not whole)
-        detail = f"{record.patch.module} is still being imported (further up a thread, or at a fork)"
     elif state == PATCHED and not still_called(record):
         state, detail = FAILED, (f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
                                  "(its module reloaded?); restart the process")

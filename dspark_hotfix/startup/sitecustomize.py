@@ -123,7 +123,9 @@ class VllmImportWatcher:
 
 
 class ActivatingLoader:
-    """A vLLM module's own loader, activating the registry before the module runs.
+    """A vLLM module's own loader, activating the registry before the module runs,
+    then running the hooks registered while it was found, as wrapt's loader does
+    for the modules found once the hooks are there.
 
     A transparent proxy, because other tools wrap it and keep it, by design as
     in the prior art. ddtrace's ``ModuleWatchdog`` (``ddtrace/internal/module.py``)
@@ -154,6 +156,8 @@ class ActivatingLoader:
         activate(self.watcher.source)
         self.watcher.done = True  # not after an interrupt: the retried import activates
         self.loader.exec_module(module)
+        if "wrapt.importer" in sys.modules:  # the hooks registered while it was found (wrapt's loader would run them)
+            sys.modules["wrapt.importer"].notify_module_loaded(module)
 
     def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
         if "loader" not in vars(self):
