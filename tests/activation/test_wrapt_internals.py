@@ -1,5 +1,5 @@
-"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find``,
-``_copyable``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
+"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register`` and ``_find``),
+held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
 installs) and the newest
 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
 
