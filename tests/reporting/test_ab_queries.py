@@ -1,9 +1,9 @@
-"""docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool on the series of ab_series.json.
+"""docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool: on the made-up series of
+ab_series.json (two pods per arm, one restarted), and on the H200 servers' own scrapes of the silent form's
+benchmark (docs/evidence/serve-h200-metrics/), where it must give the acceptance vLLM's benchmark client measured.
 
-ab_series.json holds what each pod's /metrics said at each scrape: its labels, and every scrape's value of
-vLLM's counters. The answer each arm should get is worked out here from those values, the way Prometheus's
-rate() works (promql/functions.go, extrapolatedRate), and the documented queries must give it. Scrapes of real
-servers replace the file as they are, in the same shape; nothing here names a value of it.
+The answer each arm should get is worked out here from the counters' values, the way Prometheus's rate() works
+(promql/functions.go, extrapolatedRate), and the documented queries must give it; nothing here names a value.
 """
 
 from __future__ import annotations
@@ -16,19 +16,22 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+from tests.conftest import REPO
 from tests.reporting.promql import documented_queries, promtool
 
 SERIES = Path(__file__).with_name("ab_series.json")
+EVIDENCE = REPO / "docs" / "evidence"
+METRICS = EVIDENCE / "serve-h200-metrics"
 ACCEPTED, DRAFTED, GENERATED = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
                                 "vllm:generation_tokens_total")
 NEAREST = 1e-6  # promtool compares values exactly: both sides are rounded to this
 
 
-def rate(values: list[float], interval: float, window: float, at: float) -> float:
-    """rate() of a counter scraped every ``interval`` seconds from time 0, over the ``window`` seconds up to ``at``
-    (no scrape on the window's start): the increase, resets counted, extrapolated to the window's ends where the
+def rate(points: list[tuple[float, float]], window: float, at: float) -> float:
+    """rate() of a counter scraped at the ``points`` (time, value), over the ``window`` seconds up to ``at`` (no
+    scrape on the window's start): the increase, resets counted, extrapolated to the window's ends where the
     scrapes reach close enough, and never back past the counter's zero."""
-    points = [(n * interval, v) for n, v in enumerate(values) if at - window < n * interval <= at]
+    points = [(t, v) for t, v in points if at - window < t <= at]
     (start, first), (end, last) = points[0], points[-1]
     increase = last - first + sum(before for (_, before), (_, after) in itertools.pairwise(points) if after < before)
     sampled = end - start
@@ -51,35 +54,82 @@ def series(name: str, labels: dict[str, str]) -> str:
     return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def test_the_documented_ab_queries_give_each_arms_acceptance_and_output_rate(tmp_path):
-    data = json.loads(SERIES.read_text())
-    interval, pods = data["interval_s"], data["pods"]
+def evaluated(pods: list[dict], step: int, tmp_path: Path) -> dict[str, dict[str, float]]:
+    """The documented acceptance and output-rate queries' answer per arm, worked out here, after promtool has
+    given the same answer on the same series. Each pod's counters are (time, value) points at whole multiples of
+    ``step`` seconds from 0; a step without a scrape is a missing sample."""
     acceptance, output = documented_queries("A/B")
     windows = {int(m) * 60 for m in re.findall(r"\[(\d+)m\]", acceptance + output)}
     (window,) = windows  # one window for every rate
-    scrapes = min(len(values) for pod in pods for values in pod["counters"].values())
-    at = (scrapes - 1) * interval + interval / 2  # after the last scrape, so that no scrape is on the window's start
-    assert at > window, "the series cover less than the queries' window"
+    at = max(t for pod in pods for points in pod["counters"].values() for t, _ in points) + step / 2
+    assert all(t != at - window for pod in pods for points in pod["counters"].values() for t, _ in points)
     rates: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for pod in pods:
-        for name, values in pod["counters"].items():
-            rates[pod["labels"]["arm"]][name] += rate(values, interval, window, at)
-    assert set(rates) == {"a", "b"}
+        for name, points in pod["counters"].items():
+            rates[pod["labels"]["arm"]][name] += rate(points, window, at)
     expected = {
-        acceptance: {arm: got[ACCEPTED] / got[DRAFTED] for arm, got in rates.items()},
-        output: {arm: got[GENERATED] for arm, got in rates.items()},
+        "acceptance": {arm: got[ACCEPTED] / got[DRAFTED] for arm, got in rates.items()},
+        "output": {arm: got[GENERATED] for arm, got in rates.items()},
     }
-    inputs = [{"series": series(name, pod["labels"]), "values": " ".join(f"{v:g}" for v in values)}
-              for pod in pods for name, values in pod["counters"].items()]
-    tests = {"evaluation_interval": f"{interval}s", "tests": [{"interval": f"{interval}s", "input_series": inputs,
+    inputs = []
+    for pod in pods:
+        for name, points in pod["counters"].items():
+            at_step = {round(t / step): v for t, v in points}
+            values = [f"{at_step[n]:g}" if n in at_step else "_" for n in range(max(at_step) + 1)]
+            inputs.append({"series": series(name, pod["labels"]), "values": " ".join(values)})
+    tests = {"evaluation_interval": f"{step}s", "tests": [{"interval": f"{step}s", "input_series": inputs,
              "promql_expr_test": [
                  {"expr": f"round({expr}, {NEAREST:g})", "eval_time": f"{int(at * 1000)}ms",
                   "exp_samples": [{"labels": series("", {"arm": arm}), "value": rounded(value)}
-                                  for arm, value in sorted(by_arm.items())]}
-                 for expr, by_arm in expected.items()]}]}
+                                  for arm, value in sorted(expected[which].items())]}
+                 for which, expr in (("acceptance", acceptance), ("output", output))]}]}
     (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML
     proc = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return expected
+
+
+def test_the_documented_ab_queries_give_each_arms_acceptance_and_output_rate(tmp_path):
+    data = json.loads(SERIES.read_text())
+    interval = data["interval_s"]
+    pods = [{**pod, "counters": {name: [(n * interval, v) for n, v in enumerate(values)]
+                                 for name, values in pod["counters"].items()}} for pod in data["pods"]]
+    assert (min(map(len, data["pods"][0]["counters"].values())) - 1) * interval > 5 * 60  # more than the window
+    expected = evaluated(pods, interval, tmp_path)
+    assert set(expected["acceptance"]) == {"a", "b"}
     # What the comparison is for: B's draft runs on weights it never loaded, A's does not.
-    assert expected[acceptance]["b"] < 0.01 < expected[acceptance]["a"]
+    assert expected["acceptance"]["b"] < 0.01 < expected["acceptance"]["a"]
+
+
+def scraped(path: Path) -> list[tuple[float, dict[str, float]]]:
+    """The scrapes of one serve-h200-metrics file: each one's epoch, and the value of each counter named here
+    (summed over its series)."""
+    scrapes: list[tuple[float, dict[str, float]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("# scrape "):
+            scrapes.append((float(line.rsplit("epoch=", 1)[1]), defaultdict(float)))
+        elif (name := line.split("{", 1)[0]) in (ACCEPTED, DRAFTED, GENERATED):
+            scrapes[-1][1][name] += float(line.rsplit(" ", 1)[1])
+    return scrapes
+
+
+def test_the_documented_ab_queries_on_the_h200_servers_scrapes_give_the_benchmarks_acceptance(tmp_path):
+    # The silent form's benchmark: the same server processes scraped before calls 57 and 58 and after each run;
+    # the A arm is the tolerant build with the plugin, B the tolerant build as shipped.
+    record = json.loads((EVIDENCE / "serve-h200.json").read_text())["figures"]["bench"]["call58"]
+    arms = {"a": record["fixed_arm"], "b": record["reference_arm"]}
+    points = {arm: [s for call in ("call57", "call58") for s in scraped(METRICS / f"{call}-metrics-{server}.prom")]
+              for arm, server in arms.items()}
+    origin = math.floor(min(t for scrapes in points.values() for t, _ in scrapes))
+    pods = [{"labels": {"arm": arm, "pod": f"vllm-dspark-{arm}-0"},
+             "counters": {name: [(round(t - origin), got[name]) for t, got in scrapes] for name in (ACCEPTED, DRAFTED,
+                                                                                                  GENERATED)}}
+            for arm, scrapes in points.items()]
+    assert all(len(scrapes) == 4 for scrapes in points.values()), points
+    expected = evaluated(pods, 1, tmp_path)
+    # The query says what vLLM's benchmark client measured: every draft token accepted with the shim, none without.
+    for arm, server in arms.items():
+        bench = record["medians"][server]["spec_decode_acceptance_rate"] / 100
+        assert abs(expected["acceptance"][arm] - bench) < 0.001, (arm, expected["acceptance"][arm], bench)
+    assert expected["acceptance"]["a"] == 1.0 and expected["acceptance"]["b"] < 1e-4
