@@ -1,12 +1,12 @@
 """The registry: when to patch, how, and what every failure means.
 
 Interpreter start only inserts the start-up hook's ``VllmImportWatcher``; this module
-is imported when ``vllm`` is. :func:`activate` registers one wrapt post-import
-hook per patch. A hook fires when vLLM has imported the patch's module (at once
-if it is imported already; a module another thread is still importing is waited
-for, outside the registration's lock). The shim's own finder (:func:`_find`)
-hands each load of a hooked module wrapt's loader, which runs the hooks, so
-wrapt's finder, which can hang two importing threads, is never asked. A hook
+is imported when ``vllm`` is. :func:`activate` puts the shim's finder (:func:`_find`)
+ahead of wrapt's: from then on it hands each load of a patch's module wrapt's
+loader, which runs the patch's post-import hook once the module has run (wrapt's
+finder, which can hang two importing threads, is never asked). A module loaded
+before is judged by ``activate`` itself, once whole: a load under way in another
+thread is waited for, outside the registration's lock. A hook
 asks the patch's probe whether the running vLLM needs the patch, and only then
 wraps vLLM's function: its answer goes through ``patch.correction``.
 Each record holds one state, and ``state`` is the one reading of it.
@@ -60,13 +60,12 @@ class Activation:
         self.hooks = [(r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()]
         self.hooks += [("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))] * \
             self.enabled  # (the gauges)
-        self.hooked: set[int] = set()  # the hooks registered with wrapt (they stay so)
         for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
             log(logging.WARNING, problem)  # once in the process
 
 
 _active: Activation | None = None  # guarded by state.lock
-_stuck: set[str] = set()  # modules part-way imported when this process forked: their importer is not here
+_stuck: set[str] = set()  # modules being imported when this process forked: their importer is not here
 
 
 def _after_fork_in_child() -> None:
@@ -77,7 +76,7 @@ def _after_fork_in_child() -> None:
     state.lock = threading.Lock()  # (the gauges' too)
     if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):  # wrapt's private name
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    _stuck.update(name for name in list(sys.modules) if state.running(name))  # (a stuck one stays so)
+    _stuck.update(list(importlib._bootstrap._module_locks))  # (a stuck one stays so; CPython's private name)
     if _active is not None:
         _active.registering = threading.RLock()
         with contextlib.suppress(Exception):  # (said by the records it leaves pending)
@@ -88,23 +87,22 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def activate(source: str) -> None:
-    """Register the post-import hooks of every patch not hooked yet. The first caller makes the
-    activation; a second caller waits for a registration under way, then completes whatever an
+    """Put the shim's finder in place, then judge every patch whose module is loaded already. The first caller
+    makes the activation; a second caller waits for a registration under way, then completes whatever an
     interrupt left (``install`` does so before an interrupt goes on): nothing is ever undone. With
     ``DSPARK_HOTFIX`` off (only ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
     global _active
     with state.lock:
         activation = _active = _active or Activation(source)
-    with activation.registering:  # every hook whose module is not part-way imported
+    with activation.registering:
         _register(activation)
-    skipped = {m for i, (m, _) in enumerate(activation.hooks) if i not in activation.hooked and m in sys.modules}
-    for module in skipped - _stuck:  # (part-way imported then: whole once waited for, outside the lock, as the
-        with contextlib.suppress(Exception):  # thread importing it may be waiting for it to activate: the start-up
-            importlib.import_module(module)  # hook's loader; its own error is vLLM's to meet)
-    if skipped:
-        with activation.registering:
-            _register(activation)
-    _import_everywhere(activation)
+    for module in dict.fromkeys(m for m, _ in activation.hooks if m not in _stuck):  # a load under way ends first,
+        importlib._bootstrap._lock_unlock_module(module)  # outside the lock: its thread may wait for this activation
+    with activation.registering:  # (the start-up hook's loader; CPython's private name, as importlib.reload's)
+        for record in activation.records.values():
+            if record.state == PENDING and record.patch.module in sys.modules and not state.running(record.patch.module):
+                _decide(activation, record, sys.modules[record.patch.module])  # wrapt would judge half of one
+    _import_everywhere(activation)  # being imported: its loader runs the hooks (see _find)
     _report(activation)
 
 
@@ -116,13 +114,11 @@ def _register(activation: Activation) -> None:
             chained = wrapt.importer._ImportHookChainedLoader  # its specs copy and pickle (see the note below)
             chained.__copy__ = chained.__deepcopy__ = None
             chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
-            wrapt.register_post_import_hook(lambda module: None, __name__)  # ahead of wrapt's finder, before any
-            sys.meta_path.insert(0, _finder)  # hook of vLLM's: wrapt's first registration puts it first
-        for i, (module, hook) in enumerate(activation.hooks):
-            if i not in activation.hooked and not state.running(module):  # (its hook would judge half of it)
-                wrapt.register_post_import_hook(hook, module)
-                activation.hooked.add(i)
-    except HotfixError:  # a hook that fired at once: strict mode, or a stop
+            wrapt.register_post_import_hook(lambda module: None, __name__)  # ahead of wrapt's finder: wrapt's
+            sys.meta_path.insert(0, _finder)  # first registration puts it first
+        for module in (m for m, _ in activation.hooks if state.running(m)):  # its loader may be wrapt's or the
+            _arm(module)  # start-up hook's, which run the hooks armed once the module has run
+    except HotfixError:
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"  # said once; strict mode raises at every try
@@ -132,7 +128,7 @@ def _register(activation: Activation) -> None:
                                     f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
 
 
-# wrapt's private names, in _register, _after_fork_in_child and _find (tests/activation/test_wrapt_internals.py
+# wrapt's private names, in _register, _after_fork_in_child, _find and _arm (tests/activation/test_wrapt_internals.py
 # holds them to the wrapt releases the project supports): its import hooks' lock and table, its finder and its
 # chained loader. The specs _find gives carry that loader: an ObjectProxy, whose __copy__, __deepcopy__ and
 # __reduce__ (wrapt 1.x: __reduce_ex__ too) raise NotImplementedError, where availability checks copy and
@@ -174,7 +170,7 @@ def _import_everywhere(activation: Activation) -> None:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
     one verdict. Its hook then decides and reports; a module this vLLM lacks is judged here."""
     waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
-    if len(activation.hooked) == len(activation.hooks) and all(r.patch.everywhere for r in waiting):
+    if _finder in sys.meta_path and all(r.patch.everywhere for r in waiting):  # (the hooks in place)
         for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
             try:
                 importlib.import_module(module)
@@ -253,20 +249,27 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
     Called with the import lock held, it imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
     if _active is None or fullname in sys.modules:
         return None
-    hooks = [hook for i, (module, hook) in enumerate(_active.hooks) if module == fullname and i in _active.hooked]
     importer, spec = sys.modules["wrapt.importer"], None  # (wrapt's private names: see above)
-    for finder in sys.meta_path[sys.meta_path.index(_finder) + 1:] if hooks and _finder in sys.meta_path else ():
+    hooked = any(module == fullname for module, _ in _active.hooks)
+    for finder in sys.meta_path[sys.meta_path.index(_finder) + 1:] if hooked and _finder in sys.meta_path else ():
         if not isinstance(finder, importer.ImportHookFinder) and hasattr(finder, "find_spec"):
             spec = finder.find_spec(fullname, path, target)  # (one that asks the meta path again guards itself,
             if spec is not None:  # as wrapt's does: it would ask itself again too)
                 break
     if spec is None or spec.loader is None:
         return spec
-    with importer._post_import_hooks_lock:
-        armed = importer._post_import_hooks.setdefault(fullname, [])
-        armed.extend(hook for hook in hooks if not any(each is hook for each in armed))
+    _arm(fullname)
     spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (wrapt's finder, which alone hands it, is skipped)
     return spec
+
+
+def _arm(fullname: str) -> None:
+    """Put the module's hooks in wrapt's table, where its loader runs them (and drops them) once the module has
+    run; a hook that is there already is not put there twice. Only wrapt's lock is taken."""
+    importer = sys.modules["wrapt.importer"]
+    with importer._post_import_hooks_lock:
+        armed = importer._post_import_hooks.setdefault(fullname, [])
+        armed.extend(h for m, h in _active.hooks if m == fullname and not any(each is h for each in armed))
 
 
 _finder = types.SimpleNamespace(find_spec=_find)

@@ -262,29 +262,24 @@ def slow_import(module: str, thread: str, pause: float = 0.5, release: threading
     return inside
 
 
-def interrupt_registration(at: int, main_thread_only: bool = False, pause: float = 0.0,
-                           error: type[BaseException] = KeyboardInterrupt, after: bool = False) -> threading.Event:
-    """The child's wrapt raises KeyboardInterrupt (or ``error``) at its ``at``-th hook registration, once (in
-    the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C landing there; with
-    ``after``, at every registration from then on too (a wrapt that cannot register hooks). The
-    Event returned is set just before. The registry's own first registration (of its own module, which puts
-    wrapt's finder behind the shim's) is not counted: a hook's is."""
-    import wrapt
+def interrupt_registry(at: int, function: str = "_decide", main_thread_only: bool = False, pause: float = 0.0,
+                       error: type[BaseException] = KeyboardInterrupt) -> threading.Event:
+    """The registry's ``function`` (a patch's decision, by default) raises KeyboardInterrupt (or ``error``) at its
+    ``at``-th call, once (in the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C
+    landing there. The Event returned is set just before."""
+    from dspark_hotfix import registry
 
-    register, calls, inside = wrapt.register_post_import_hook, [], threading.Event()
+    real, calls, inside = getattr(registry, function), [], threading.Event()
 
-    def interrupted(hook: Any, name: str) -> Any:
-        if name == "dspark_hotfix.registry":
-            return register(hook, name)
-        calls.append(name)
-        here = len(calls) == at or (after and len(calls) > at)
-        if here and (not main_thread_only or threading.current_thread() is threading.main_thread()):
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
             inside.set()
             time.sleep(pause)
             raise error
-        return register(hook, name)
+        return real(*args, **kwargs)
 
-    wrapt.register_post_import_hook = interrupted
+    setattr(registry, function, interrupted)
     return inside
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tests.child import (
     import_toy_targets,
-    interrupt_registration,
+    interrupt_registry,
     print_status,
     start_and_join,
     states,
@@ -23,23 +23,21 @@ from tests.child import (
 
 def two_installs_at_once() -> None:
     """vLLM's plugin loader and an application's own call install at once, after vLLM is imported (no
-    start-up hook), each hook registration slowed down; prints what each caller returns to, the wrap
-    depths, and the modules a hook was registered for (one entry per registration)."""
+    start-up hook), each decision slowed down; prints what each caller returns to, the wrap depths, and the
+    patches decided (one entry per decision)."""
     import_toy_targets()
     use_toys()
-    import wrapt
-
-    register, registered = wrapt.register_post_import_hook, []
-
-    def slow(hook: Any, name: str) -> Any:  # widen the window between the first hook and the last
-        if name != "dspark_hotfix.registry":  # (the registry's own, first: it puts wrapt's finder behind it)
-            registered.append(name)
-        time.sleep(0.05)
-        return register(hook, name)
-
-    wrapt.register_post_import_hook = slow
     import dspark_hotfix
+    from dspark_hotfix import registry
 
+    decide, decided = registry._decide, []
+
+    def slow(activation: Any, record: Any, module: Any) -> Any:  # widen the window between the first and the last
+        decided.append(record.patch.name)
+        time.sleep(0.05)
+        return decide(activation, record, module)
+
+    registry._decide = slow
     barrier = threading.Barrier(2)
     seen = {}
 
@@ -51,7 +49,7 @@ def two_installs_at_once() -> None:
     start_and_join([threading.Thread(target=install, args=(s,)) for s in ("vllm-plugin", "api")])
     print(json.dumps(seen))
     print(json.dumps(wrap_depths()))
-    print(json.dumps(sorted(registered)))
+    print(json.dumps(sorted(decided)))
 
 
 def status_after_a_function_is_put_back() -> None:
@@ -91,18 +89,18 @@ def install_three_times() -> None:
 
 
 def activation_interrupted_then_retried(install: bool) -> None:
-    """Ctrl-C lands while the start-up hook's activation registers its third hook; then the import is
+    """Ctrl-C lands as the start-up hook's activation puts the shim's finder in place; then the import is
     retried (and, with ``install``, install() called)."""
     use_toys()
-    import wrapt
+    from dspark_hotfix import registry
 
-    real = wrapt.register_post_import_hook
-    interrupt_registration(3)
+    real = registry._register
+    interrupt_registry(1, "_register")
     try:
         import vllm
     except KeyboardInterrupt:
         print("interrupted")
-    wrapt.register_post_import_hook = real
+    registry._register = real
     import vllm  # noqa: F401
 
     if install:
@@ -110,19 +108,6 @@ def activation_interrupted_then_retried(install: bool) -> None:
 
         dspark_hotfix.install()
     import_toy_targets()
-    print_status()
-
-
-def wrapt_failing_after_a_hook_fired() -> None:
-    """vLLM's targets imported first, then install(): the first hook fires as it is registered (the
-    greeting is decided), and wrapt fails at the second registration and every one after."""
-    import_toy_targets()
-    use_toys()
-    interrupt_registration(2, error=RuntimeError, after=True)
-    import dspark_hotfix
-
-    dspark_hotfix.install()
-    print(json.dumps(wrap_depths()))
     print_status()
 
 

@@ -2,8 +2,8 @@
 started in a fresh interpreter by ``tests.conftest.call_in_child`` with the stand-in alone on its path (no
 start-up hook; the repository goes last, so the shim is imported only where the child asks).
 
-The interrupts are made where they land by the child's own wrapt (its ``register_post_import_hook`` raises
-``KeyboardInterrupt`` at a chosen call), never by a branch in the shim. Standard library (and
+The interrupts are made where they land by the child itself (the registry's decision raises ``KeyboardInterrupt``
+at a chosen call), never by a branch in the shim. Standard library (and
 ``tests.child``) only at the top.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.child import (
     import_toy_targets,
-    interrupt_registration,
+    interrupt_registry,
     print_status,
     slow_import,
     states,
@@ -26,10 +26,10 @@ from tests.child import (
 
 
 def plugin_interrupted(at: int) -> None:
-    """vLLM calls a plugin once per process: its registration interrupted at the ``at``-th hook."""
+    """vLLM calls a plugin once per process: its activation interrupted at the ``at``-th decision."""
     use_toys()
     import_toy_targets()
-    interrupt_registration(at)
+    interrupt_registry(at)
     from dspark_hotfix import plugin
 
     try:
@@ -48,7 +48,7 @@ def waiter_of_an_interrupted_activation() -> None:
     import dspark_hotfix
 
     # the other thread is in install() by the time the interrupt lands, waiting for this activation
-    inside = interrupt_registration(2, main_thread_only=True, pause=0.3)
+    inside = interrupt_registry(2, main_thread_only=True, pause=0.3)
     seen: dict[str, Any] = {}
 
     def other() -> None:
@@ -122,13 +122,13 @@ def fork_while_a_thread_imports() -> None:
 
 
 def metrics_after_an_interrupted_activation_and_a_whole_one() -> None:
-    """The scrape-time collector's gauges and status(), after an activation interrupted at its third hook
+    """The scrape-time collector's gauges and status(), after an activation interrupted at its third decision
     and a whole one."""
     use_toys()
     import_toy_targets()
     import prometheus_client
 
-    interrupt_registration(3)
+    interrupt_registry(3)
     import dspark_hotfix
 
     try:

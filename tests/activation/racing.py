@@ -119,30 +119,29 @@ def target_imported_while_the_package_executes() -> None:
     print_status()
 
 
-def fork_during_activation(hooks_before_fork: int, stall: float) -> None:
-    """A thread activates (every hook registration slowed down); the main thread forks once
-    ``hooks_before_fork`` hooks are registered (and fired: every target module is imported). The child
-    calls status() and writes its activation path, rows and wrap depths to the parent, which prints them."""
+def fork_during_activation(decisions_before_fork: int, stall: float) -> None:
+    """A thread activates (a decision slowed down); the main thread forks once ``decisions_before_fork``
+    patches are decided (every target module is imported). The child calls status() and writes its activation
+    path, rows and wrap depths to the parent, which prints them."""
     import vllm.toy_planner
 
     use_toys()
     import vllm.toy_model  # noqa: F401
-    import wrapt
+
+    import dspark_hotfix
+    from dspark_hotfix import registry
 
     parent, inside, calls = os.getpid(), threading.Event(), []
-    register = wrapt.register_post_import_hook
+    decide = registry._decide
 
-    def slow(hook: Any, name: str) -> Any:
-        calls.append(name)
-        if os.getpid() == parent and len(calls) == hooks_before_fork + 1:
+    def slow(activation: Any, record: Any, module: Any) -> Any:
+        calls.append(record)
+        if os.getpid() == parent and len(calls) == decisions_before_fork + 1:
             inside.set()
             time.sleep(stall)
-        return register(hook, name)
+        return decide(activation, record, module)
 
-    wrapt.register_post_import_hook = slow
-    import dspark_hotfix
-    import dspark_hotfix.registry
-
+    registry._decide = slow
     activating = threading.Thread(target=dspark_hotfix.install, kwargs={"source": "api"})
     activating.start()
     inside.wait(5)

@@ -58,12 +58,12 @@ def test_a_target_imported_in_another_thread_while_vllms_package_executes_never_
     assert_finishes_patched(call_in_child(racing.target_imported_while_the_package_executes, stand_in_alone=True))
 
 
-@pytest.mark.parametrize("hooks_before_fork", [0, 2])
-def test_a_child_forked_during_another_threads_activation_completes_it_whole(hooks_before_fork):
+@pytest.mark.parametrize("decisions_before_fork", [0, 2])
+def test_a_child_forked_during_another_threads_activation_completes_it_whole(decisions_before_fork):
     # The fork does not wait: the child keeps what its parent had done (nothing is ever undone) and
     # completes the rest itself. Each target wrapped once, every patch judged, under the parent's source.
     stall = 0.3
-    proc = call_in_child(racing.fork_during_activation, hooks_before_fork, stall, stand_in_alone=True,
+    proc = call_in_child(racing.fork_during_activation, decisions_before_fork, stall, stand_in_alone=True,
                          timeout=CHILD_TIMEOUT + stall)
     assert proc.returncode == 0, proc.stderr
     source, rows, depth = last_json(proc.stdout)

@@ -54,7 +54,7 @@ def assert_whole(whole: dict) -> None:
 def test_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_process_patched(path, kind, timing):
     whole, failed, points = swept(path, kind, TIMINGS[timing])
     assert_whole(whole)
-    assert points > 100, points  # the sweep reached the shim's work
+    assert points > 50, points  # the sweep reached the shim's work
     failed = [f for f in failed if f not in before_install(path, failed)]
     assert failed == [], f"{len(failed)} of {points} points: {failed[:3]}"
 
