@@ -56,7 +56,7 @@ class Activation:
         self.said: tuple[Any, Any] = ("", None)  # the last line said, and where
         self.settings = config.settings()
         self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
-        self.registering = threading.RLock()  # one thread registers the hooks at a time
+        self.registering = threading.RLock()  # one thread registers, or decides, at a time
         self.hooks = [(r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()]
         self.hooks += [("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))] * \
             self.enabled  # (the gauges)
@@ -96,13 +96,16 @@ def activate(source: str) -> None:
         activation = _active = _active or Activation(source)
     with activation.registering:
         _register(activation)
-    for module in dict.fromkeys(m for m, _ in activation.hooks if m not in _stuck):  # a load under way ends first,
-        importlib._bootstrap._lock_unlock_module(module)  # outside the lock: its thread may wait for this activation
-    with activation.registering:  # (the start-up hook's loader; CPython's private name, as importlib.reload's)
-        for record in activation.records.values():
-            if record.state == PENDING and record.patch.module in sys.modules and not state.running(record.patch.module):
-                _decide(activation, record, sys.modules[record.patch.module])  # wrapt would judge half of one
-    _import_everywhere(activation)  # being imported: its loader runs the hooks (see _find)
+    # A load under way in another thread ends first (CPython's private name), outside the lock: that thread may
+    # be waiting for this activation, in the start-up hook's loader. A module still running is armed: see _register.
+    for module in dict.fromkeys(m for m, _ in activation.hooks if m not in _stuck):
+        importlib._bootstrap._lock_unlock_module(module)
+    with activation.registering:  # judged whole here: wrapt's at-once firing judges half of a module that
+        for record in activation.records.values():  # another thread puts in sys.modules meanwhile
+            module = sys.modules.get(record.patch.module)
+            if record.state == PENDING and module is not None and not state.running(record.patch.module):
+                _decide(activation, record, module)
+    _import_everywhere(activation)
     _report(activation)
 
 

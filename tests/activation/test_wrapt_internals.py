@@ -1,4 +1,4 @@
-"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register`` and ``_find``),
+"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find`` and ``_arm``),
 held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
 installs) and the newest
 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
@@ -44,3 +44,28 @@ def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
     assert proc.returncode == 0, proc.stderr
     (found,) = json_lines(proc.stdout)
     assert found["version"].startswith("2.") and found == expected(found["version"])
+
+
+def test_cpythons_import_locks_are_where_the_registry_reads_them():
+    # activate() waits for a load under way with the module's own lock; a forked child skips the modules whose
+    # lock was taken at the fork. A lock a thread holds is in the table while it is held.
+    import importlib._bootstrap as bootstrap
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with bootstrap._ModuleLockManager("tests.a_module_no_one_imports"):
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(5)
+    assert "tests.a_module_no_one_imports" in bootstrap._module_locks
+    threading.Timer(0.2, release.set).start()
+    bootstrap._lock_unlock_module("tests.a_module_no_one_imports")
+    assert release.is_set()  # it returned only once the holder let go
+    thread.join(5)
+    assert not thread.is_alive()
+
