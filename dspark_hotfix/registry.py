@@ -76,7 +76,7 @@ def _after_fork_in_child() -> None:
     state.lock = threading.Lock()  # (the gauges' too)
     if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):  # wrapt's private name
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    _stuck.update(list(importlib._bootstrap._module_locks))  # (a stuck one stays so; CPython's private name)
+    _stuck.update(list(sys.modules["importlib._bootstrap"]._module_locks))  # (a stuck one stays so: CPython's table)
     if _active is not None:
         _active.registering = threading.RLock()
         with contextlib.suppress(Exception):  # (said by the records it leaves pending)
@@ -96,15 +96,17 @@ def activate(source: str) -> None:
         activation = _active = _active or Activation(source)
     with activation.registering:
         _register(activation)
-    # A load under way in another thread ends first (CPython's private name), outside the lock: that thread may
-    # be waiting for this activation, in the start-up hook's loader. A module still running is armed: see _register.
-    for module in dict.fromkeys(m for m, _ in activation.hooks if m not in _stuck):
-        importlib._bootstrap._lock_unlock_module(module)
+    # A load under way in another thread (it holds the module's lock, in CPython's private table) ends first, outside
+    # the lock: that thread may wait for this activation, in the start-up hook's loader. A module still running
+    # in this thread is armed (see _register). Its import's own error is vLLM's to meet.
+    locks = sys.modules["importlib._bootstrap"]._module_locks
+    for module in (m for m, _ in activation.hooks if m in locks and m not in _stuck):
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
     with activation.registering:  # judged whole here: wrapt's at-once firing judges half of a module that
-        for record in activation.records.values():  # another thread puts in sys.modules meanwhile
-            module = sys.modules.get(record.patch.module)
-            if record.state == PENDING and module is not None and not state.running(record.patch.module):
-                _decide(activation, record, module)
+        for r in activation.records.values():  # another thread puts in sys.modules meanwhile
+            if r.state == PENDING and r.patch.module in sys.modules and not state.running(r.patch.module):
+                _decide(activation, r, sys.modules[r.patch.module])
     _import_everywhere(activation)
     _report(activation)
 
@@ -120,7 +122,7 @@ def _register(activation: Activation) -> None:
             wrapt.register_post_import_hook(lambda module: None, __name__)  # ahead of wrapt's finder: wrapt's
             sys.meta_path.insert(0, _finder)  # first registration puts it first
         for module in (m for m, _ in activation.hooks if state.running(m)):  # its loader may be wrapt's or the
-            _arm(module)  # start-up hook's, which run the hooks armed once the module has run
+            _arm(activation, module)  # start-up hook's, which run the hooks armed once the module has run
     except HotfixError:
         raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
@@ -259,20 +261,19 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
             spec = finder.find_spec(fullname, path, target)  # (one that asks the meta path again guards itself,
             if spec is not None:  # as wrapt's does: it would ask itself again too)
                 break
-    if spec is None or spec.loader is None:
-        return spec
-    _arm(fullname)
-    spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (wrapt's finder, which alone hands it, is skipped)
-    return spec
+    if spec is not None and spec.loader is not None:
+        _arm(_active, fullname)
+        spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (wrapt's finder, which alone hands it, is
+    return spec  # skipped)
 
 
-def _arm(fullname: str) -> None:
+def _arm(activation: Activation, fullname: str) -> None:
     """Put the module's hooks in wrapt's table, where its loader runs them (and drops them) once the module has
     run; a hook that is there already is not put there twice. Only wrapt's lock is taken."""
     importer = sys.modules["wrapt.importer"]
     with importer._post_import_hooks_lock:
         armed = importer._post_import_hooks.setdefault(fullname, [])
-        armed.extend(h for m, h in _active.hooks if m == fullname and not any(each is h for each in armed))
+        armed.extend(h for m, h in activation.hooks if m == fullname and not any(each is h for each in armed))
 
 
 _finder = types.SimpleNamespace(find_spec=_find)

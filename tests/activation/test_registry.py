@@ -24,7 +24,7 @@ from tests.conftest import (
     state_of,
     summary_lines,
 )
-from tests.toys import GREETING, PLANNER, TOYS
+from tests.toys import GREETING, TOYS
 
 
 def test_a_second_activation_waits_for_the_first():

@@ -1,5 +1,5 @@
-"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find`` and ``_arm``),
-held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
+"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find``
+and ``_arm``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
 installs) and the newest
 2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
 
@@ -46,26 +46,27 @@ def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
     assert found["version"].startswith("2.") and found == expected(found["version"])
 
 
-def test_cpythons_import_locks_are_where_the_registry_reads_them():
-    # activate() waits for a load under way with the module's own lock; a forked child skips the modules whose
-    # lock was taken at the fork. A lock a thread holds is in the table while it is held.
-    import importlib._bootstrap as bootstrap
+def test_cpythons_table_of_module_locks_names_a_module_while_and_only_while_it_is_being_loaded():
+    # activate() waits (by importing it) for a module whose lock is in the table; a forked child skips the modules
+    # whose lock was in it at the fork.
+    import gc
+    import sys
     import threading
 
-    held, release = threading.Event(), threading.Event()
+    bootstrap = sys.modules["importlib._bootstrap"]
+    name, held, release = "tests.a_module_no_one_imports", threading.Event(), threading.Event()
 
     def hold() -> None:
-        with bootstrap._ModuleLockManager("tests.a_module_no_one_imports"):
+        with bootstrap._ModuleLockManager(name):
             held.set()
             release.wait(5)
 
+    assert name not in bootstrap._module_locks
     thread = threading.Thread(target=hold)
     thread.start()
     held.wait(5)
-    assert "tests.a_module_no_one_imports" in bootstrap._module_locks
-    threading.Timer(0.2, release.set).start()
-    bootstrap._lock_unlock_module("tests.a_module_no_one_imports")
-    assert release.is_set()  # it returned only once the holder let go
+    assert name in bootstrap._module_locks
+    release.set()
     thread.join(5)
-    assert not thread.is_alive()
-
+    gc.collect()
+    assert name not in bootstrap._module_locks
