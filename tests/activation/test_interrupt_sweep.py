@@ -5,8 +5,8 @@ line, ``status()``, doctor and ``/metrics`` (multiprocess files and the live reg
 that was never interrupted says.
 
 The fast tier sweeps the start of each of the shim's functions on the toys; the slow tier (``sweep``
-marker, in ``make test``) sweeps every point on the toys, the main thread alone (with a second thread:
-``sweep_long``, ``make sweep``). The stand-in with the real patches has a file of
+marker, in ``make test``) sweeps every point on the toys, the main thread alone and with a second thread
+waiting. The stand-in with the real patches has a file of
 its own (test_interrupt_sweep_stand_in.py), so that the slow tier's two workers share the sweeps.
 """
 
@@ -59,10 +59,8 @@ def test_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_proc
     assert failed == [], f"{len(failed)} of {points} points: {failed[:3]}"
 
 
-# With a second thread, every point finds a registration race that is not an interrupt's (issue 55's last
-# note): those configurations are sweep_long, in make sweep, until it is fixed.
-@pytest.mark.parametrize("timing", [pytest.param("alone", marks=pytest.mark.sweep),
-                                    pytest.param("waiting", marks=pytest.mark.sweep_long)])
+@pytest.mark.sweep
+@pytest.mark.parametrize("timing", TIMINGS)
 @pytest.mark.parametrize(("path", "kind"), PATHS)
 def test_an_interrupt_at_any_point_leaves_the_process_patched(path, kind, timing):
     whole, failed, points = swept(path, kind, TIMINGS[timing], every=True)
