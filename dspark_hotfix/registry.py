@@ -123,8 +123,6 @@ def _register(activation: Activation) -> None:
             sys.meta_path.insert(0, _finder)  # first registration puts it first
         for module in (m for m, _ in activation.hooks if state.running(m)):  # its loader may be wrapt's or the
             _arm(activation, module)  # start-up hook's, which run the hooks armed once the module has run
-    except HotfixError:
-        raise
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"  # said once; strict mode raises at every try
         settled = [_set_state(activation, r, FAILED, None, why) for r in activation.records.values()]
@@ -263,8 +261,8 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
                 break
     if spec is not None and spec.loader is not None:
         _arm(_active, fullname)
-        spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (wrapt's finder, which alone hands it, is
-    return spec  # skipped)
+        spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (only wrapt's finder, skipped, hands it)
+    return spec
 
 
 def _arm(activation: Activation, fullname: str) -> None:
