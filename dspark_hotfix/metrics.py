@@ -16,7 +16,7 @@ so a process that never imports it pays nothing. With ``PROMETHEUS_MULTIPROC_DIR
 (vLLM's ``--api-server-count`` above 1), the gauges write per-process files
 that vLLM's ``MultiProcessCollector`` reads; each series keeps its ``pid``
 (``liveall``), because the processes of one server judge differently. There a
-value is as fresh as the process's last decision.
+value is as fresh as the process's last decision or activation.
 
 A failure here is said once and never reaches vLLM, in strict mode too.
 """
