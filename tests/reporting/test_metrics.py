@@ -372,35 +372,34 @@ def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_
     assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info
 
 
-def replaced_then_reported() -> list[str]:
-    """The greeting's state in this process's multiprocess files: once every toy is judged, after another
-    tool's method replaces the wrapper, and after the shim's next report (a second activation's, as a
-    second plugin load makes)."""
+def replaced_then_reported() -> list:
+    """This process's pid, the greeting's row in status() at the end, and what a MultiProcessCollector shows:
+    once every toy is judged, after another tool's method replaces the wrapper, and after the shim's next
+    report (a second activation's, as a second plugin load makes)."""
+    import os
+
     import vllm.toy_model
-    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
     import dspark_hotfix
 
-    def greeting() -> str:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        return next(line.split('state="')[1].split('"')[0] for line in generate_latest(registry).decode().splitlines()
-                    if line.startswith('dspark_hotfix_patch_state{') and 'patch="toy_greeting"' in line
-                    and line.endswith(" 1.0"))
-
-    judged = greeting()
+    where = [os.environ["PROMETHEUS_MULTIPROC_DIR"]]
+    judged = collected(where)[0]
     vllm.toy_model.Greeter.greet = vllm.toy_model.Greeter.greet.__wrapped__  # another tool's own method
-    replaced = greeting()
+    replaced = collected(where)[0]
     dspark_hotfix.install("vllm-plugin")
-    return [judged, replaced, dspark_hotfix.status()["patches"][0]["state"], greeting()]
+    return [os.getpid(), dspark_hotfix.status()["patches"][0]["state"], judged, replaced, collected(where)[0]]
 
 
 def test_with_a_multiprocess_directory_a_replaced_function_shows_failed_from_the_processs_next_report(tmp_path):
     # README: with PROMETHEUS_MULTIPROC_DIR, "a process's series are as fresh as its last decision or activation":
     # status() reads the replacement at once; the files, which the process writes itself, at its next report.
-    code = program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), replaced_then_reported)
+    code = program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), replaced_then_reported,
+                   helpers=(collected,))
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
-    assert last_json(proc.stdout) == ["patched", "patched", "failed", "failed"], proc.stderr
+    pid, status, *scrapes = last_json(proc.stdout)
+    assert status == "failed", proc.stderr
+    assert [Scrape(exposed(text)).current(str(pid))[GREETING.name] for text in scrapes] == \
+        ["patched", "patched", "failed"], proc.stderr
     readme = " ".join((REPO / "README.md").read_text().split())
     assert "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as fresh as its " \
            "last decision or activation" in readme
