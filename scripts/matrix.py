@@ -87,6 +87,7 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
         for ses in serve["sessions"]
         for s in ses["summary"].get("servers", [])
     }
+    card = {ses["source"]: ses["summary"].get("gpu", "") for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, ..."
     cells: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     notes: list[str] = []
     for arm, servers in sorted(serve["figures"]["outcomes"].items()):
@@ -103,7 +104,9 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
                     f"first error: `{(first[s['server']] or 'none')[:140]}`"
                 )
                 what = f"{s['outcome'] or 'no outcome'} [{len(notes)}]"
-            cells.setdefault(H200_ARMS[arm], {}).setdefault(s["tp"], []).append(what)
+            name = card[s["server"].split("-")[0]].removeprefix("NVIDIA ").split(",")[0].split()[0]
+            where = s["tp"] if name == "H200" else f"{s['tp']} on an {name}"
+            cells.setdefault(H200_ARMS[arm], {}).setdefault(where, []).append(what)
     text = {
         key: "; ".join(
             f"{tp}: "
@@ -257,7 +260,8 @@ def render() -> str:
         "",
         "CPU: vLLM's own KV-cache grouping and V2 runner views for a DeepSeek-V4 model with DSpark draft",
         "layers (docs/evidence/hybrid-off.json). H200: `vllm serve` with the reported flags",
-        "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`).",
+        "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`; a cell names the card where",
+        "the lent machine was not an H200).",
         "",
         "| vLLM build | hybrid manager | CPU, without the shim | CPU, with the shim | H200, without | H200, with "
         "| verdict |",
