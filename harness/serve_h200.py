@@ -6,7 +6,7 @@ harness.e2e_h200 (vLLM 0.25.0, its reverted copy, the wheels) and adds what a se
 
   python3 -m harness.serve_h200 prepare
       here: .e2e/serve/ (uvicorn and the other wheels the H200 lacks for the API server, and
-      this project's wheel)
+      this project's wheel: HEAD's files, versioned as `make dist` versions them)
   python3 -m harness.serve_h200 run [...]
       on the GPU machine, after e2e_h200's parts and .e2e/serve were carried: unpack, install,
       write the tokenizer, then the servers
@@ -68,6 +68,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -116,11 +117,18 @@ def prepare(_: argparse.Namespace) -> int:
     (STAGE / "wheels").mkdir(parents=True)
     for spec in SERVE_WHEELS:
         shutil.copy(e2e._wheel_for(spec), STAGE / "wheels")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(REPO)], check=True
-    )
+    from scripts import dist  # (here only: the GPU machine never imports it)
+
+    with tempfile.TemporaryDirectory(prefix="dspark-hotfix-serve-") as tmp:  # HEAD's files, named as make dist names
+        tree = dist.commit_tree(Path(tmp) / "tree")  # them: a commit after a release is never the release
+        version = dist.versioned(tree)
+        wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(tree)]
+        subprocess.run(wheel, check=True)
     size = sum(p.stat().st_size for p in STAGE.rglob("*") if p.is_file())
-    print(f"{STAGE}: {size / 2**20:.1f} MiB; carry it with the last part of harness.e2e_h200 prepare")
+    print(
+        f"{STAGE}: {size / 2**20:.1f} MiB, dspark_hotfix {version}; "
+        "carry it with the last part of harness.e2e_h200 prepare"
+    )
     return 0
 
 
