@@ -128,8 +128,8 @@ BENCH_SCRAPES = {
 def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmarks_acceptance(calls, scrapes, tmp_path):
     # The A arm is the tolerant build with the plugin, B the tolerant build as shipped.
     record = json.loads((EVIDENCE / "serve-h200.json").read_text())
-    bench = record["figures"]["bench"]["call58"]
-    arms = {"a": bench["fixed_arm"], "b": bench["reference_arm"]}
+    figure = record["figures"]["bench"]["call58"]  # (the arms' names)
+    arms = {"a": figure["fixed_arm"], "b": figure["reference_arm"]}
     (runs,) = [ses["summary"]["bench_runs"] for ses in record["sessions"] if ses["source"] == calls[-1]]
     points = {arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom")]
               for arm, server in arms.items()}
@@ -144,7 +144,8 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
     # with the shim, none without.
     for arm, server in arms.items():
         measured = [run["result"] for run in runs if run["arm"] == server]
+        assert measured, server
         bench = sum(r["spec_decode_accepted_tokens"] for r in measured) / sum(r["spec_decode_draft_tokens"]
                                                                             for r in measured)
-        assert measured and abs(expected["acceptance"][arm] - bench) < 0.001, (arm, expected["acceptance"][arm], bench)
+        assert abs(expected["acceptance"][arm] - bench) < 0.001, (arm, expected["acceptance"][arm], bench)
     assert expected["acceptance"]["a"] == 1.0 and expected["acceptance"]["b"] < 1e-4
