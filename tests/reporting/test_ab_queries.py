@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import lzma
 import math
 import re
 import subprocess
@@ -108,7 +109,7 @@ def scraped(path: Path) -> list[tuple[float, dict[str, float]]]:
     """The scrapes of one serve-h200-metrics file: each one's epoch, and the value of each counter named here
     (summed over its series)."""
     scrapes: list[tuple[float, dict[str, float]]] = []
-    for line in path.read_text().splitlines():
+    for line in lzma.decompress(path.read_bytes()).decode().splitlines():
         if line.startswith("# scrape "):
             scrapes.append((float(line.rsplit("epoch=", 1)[1]), defaultdict(float)))
         elif (name := line.split("{", 1)[0]) in (ACCEPTED, DRAFTED, GENERATED):
@@ -131,7 +132,7 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
     figure = record["figures"]["bench"]["call58"]  # (the arms' names)
     arms = {"a": figure["fixed_arm"], "b": figure["reference_arm"]}
     (runs,) = [ses["summary"]["bench_runs"] for ses in record["sessions"] if ses["source"] == calls[-1]]
-    points = {arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom")]
+    points = {arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom.xz")]
               for arm, server in arms.items()}
     origin = math.floor(min(t for scrapes in points.values() for t, _ in scrapes))
     pods = [{"labels": {"arm": arm, "pod": f"vllm-dspark-{arm}-0"},
