@@ -216,22 +216,39 @@ def weight_server_rows() -> list[str]:
 
 
 def bench_rows(serve: dict) -> list[str]:
-    """One row per arm of each silent-form benchmark (figures.bench with a reference arm): vLLM's own
-    figures, the median of the arm's timed runs, and whether a run compiled kernels (then the figure is no
-    clean measure of the arm's speed)."""
-    rows = []
-    for call, bench in sorted(serve["figures"]["bench"].items()):
-        if not bench.get("reference_arm"):
+    """One row per arm of each silent-form benchmark (figures.bench with a reference arm; calls on the same
+    servers as one figure): vLLM's own figures, the median of the arm's timed runs, and how many runs compiled
+    kernels (such a run is no clean measure of the arm's speed); then the bug's cost over the clean pairs."""
+    rows, costs = [], []
+    card = {ses["source"]: ses["summary"].get("gpu", "") for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, ..."
+    benches = serve["figures"]["bench"]
+    joined = {call for key in benches if "+" in key for call in key.split("+")}
+    for call, bench in sorted(benches.items()):
+        if not bench.get("reference_arm") or call in joined:
             continue
-        for arm in (bench["reference_arm"], bench["fixed_arm"]):
+        name = card[call.split("+")[0]].removeprefix("NVIDIA ").split(",")[0].split()[0]
+        arms = (bench["reference_arm"], bench["fixed_arm"])
+        for arm in arms:
             build, shim = WEIGHT_SERVERS[arm]
             got, by_position = bench["medians"][arm], bench["acceptance_by_position"][arm]
-            cells = [call, build, shim, str(len(bench["output_throughput"][arm])),
+            compiled = bench["jit_compiles"][arm]
+            cells = [call, name, build, shim, str(len(bench["output_throughput"][arm])),
                      f"{got['output_throughput']:,.0f}", f"{got['spec_decode_acceptance_rate']:.3f}%",
                      ", ".join(f"{a:.2f}" for a in by_position), f"{got['mean_ttft_ms']:,.0f}",
-                     f"{got['median_itl_ms']:.1f}", ", ".join(map(str, bench["jit_compiles"][arm]))]
+                     f"{got['median_itl_ms']:.1f}", f"{sum(n > 0 for n in compiled)} of {len(compiled)}"]
             rows.append(f"| {' | '.join(cells)} |")
-    return rows
+        cost = bench["clean"]  # the fixed arm's output throughput over the reference's, pair by pair
+        if "ratio" in cost:
+            low, high = cost["ci95"]
+            costs.append(f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over the "
+                         f"{cost['pairs']} pairs in which no run compiled")
+        else:
+            fixed, reference = (bench["medians"][arm]["output_throughput"] for arm in (bench["fixed_arm"], arms[0]))
+            pairs = bench["all"]["pairs"]
+            costs.append(f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean measure: "
+                         f"{'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had a run that compiled")
+    why = "The bug's cost, as the output throughput with the shim over without it (the same build, paired runs):"
+    return [*rows, "", why, "", *costs]
 
 
 def render() -> str:
@@ -312,9 +329,9 @@ def render() -> str:
         "",
         "Under `vllm bench serve` (vLLM's own client: 128 prompts at 128, 128 tokens in, 256 out, one seed; eager):",
         "",
-        "| call | vLLM build | shim | timed runs | output tokens/s | acceptance | by position | mean TTFT, ms "
-        "| median ITL, ms | files compiled, per run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| calls | card | vLLM build | shim | timed runs | output tokens/s | acceptance | by position "
+        "| mean TTFT, ms | median ITL, ms | runs that compiled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *bench_rows(serve),
         "",
         "## What each patch does, per build",

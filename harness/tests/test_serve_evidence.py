@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,16 @@ def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_an
     assert "reference_arm" not in serve.bench_ratio([dict(r, arm=r["arm"].replace("tolerant", "baseline"))
                                                      for r in runs if r["arm"] == "tolerant"] +
                                                     [r for r in runs if r["arm"] == "tolerant-plugin"])  # fmt: skip
+
+
+def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured():
+    # the figure over the most pairs in which no run compiled, as docs/OPERATORS.md's A/B recipe says it
+    benches = json.loads(EVIDENCE.read_text())["figures"]["bench"].values()
+    measured = max((b["clean"] for b in benches if b.get("reference_arm") == "tolerant"), key=lambda c: c["pairs"])
+    said = re.findall(
+        r"saturated, the silent form's A made (\d+\.\d)x B's", (ROOT / "docs" / "OPERATORS.md").read_text()
+    )
+    assert measured["pairs"] >= 10 and said == [f"{measured['ratio']:.1f}"], (said, measured)
 
 
 def test_an_arms_spread_is_over_its_runs_that_compiled_nothing(serve):

@@ -122,6 +122,7 @@ def scraped(path: Path) -> list[tuple[float, dict[str, float]]]:
 BENCH_SCRAPES = {
     "H200, one warm-up and one timed pair": (("call57", "call58"), 4),
     "H100, one warm-up each": (("call60", "call61"), 3),
+    "H100, 39 timed pairs over three calls": (("call62", "call63", "call64"), 46),
 }
 
 
