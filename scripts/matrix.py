@@ -243,7 +243,7 @@ def bench_rows(serve: dict) -> list[str]:
             costs.append(f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over the "
                          f"{cost['pairs']} pairs in which no run compiled")
         else:
-            fixed, reference = (bench["medians"][arm]["output_throughput"] for arm in (bench["fixed_arm"], arms[0]))
+            fixed, reference = (bench["medians"][arm]["output_throughput"] for arm in reversed(arms))
             pairs = bench["all"]["pairs"]
             costs.append(f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean measure: "
                          f"{'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had a run that compiled")

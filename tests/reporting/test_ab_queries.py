@@ -1,6 +1,7 @@
 """docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool: on the made-up series of
-ab_series.json (two pods per arm, one restarted), and on the H200 servers' own scrapes of the silent form's
-benchmark (docs/evidence/serve-h200-metrics/), where it must give the acceptance vLLM's benchmark client measured.
+ab_series.json (two pods per arm, one restarted), and on the GPU servers' own scrapes (H200 and H100) of the
+silent form's benchmark (docs/evidence/serve-h200-metrics/), where it must give the acceptance vLLM's benchmark
+client measured.
 
 The answer each arm should get is worked out here from the counters' values, the way Prometheus's rate() works
 (promql/functions.go, extrapolatedRate), and the documented queries must give it; nothing here names a value.
