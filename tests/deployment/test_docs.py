@@ -271,6 +271,20 @@ def test_every_link_between_the_docs_resolves():
     assert links > 20
 
 
+def test_every_test_a_doc_cites_exists():
+    # "tests/x.py::test_name" and "harness/tests/x.py" in any committed page: a test renamed, moved or removed
+    # must not leave a doc citing it as proof (a guide's new file, marked "guide: new", is the exception)
+    pages = subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True)
+    cited = [(page, path, name) for page in pages.stdout.split() for line in text(page).splitlines()
+             if "guide: new" not in line
+             for path, name in re.findall(r"((?:harness/)?tests/[\w/]+\.py)(?:::(\w+))?", line)]
+    for page, path, name in cited:
+        assert (REPO / path).is_file(), f"{page} cites {path}"
+        assert not name or re.search(rf"^(\s*def|class) {name}\b", (REPO / path).read_text(), re.MULTILINE), \
+            f"{page} cites {path}::{name}"
+    assert len(cited) > 100
+
+
 def test_every_tier_selection_the_docs_write_is_the_makefiles():
     makefile = (REPO / "Makefile").read_text()
     tiers = {m[1]: m[2] for m in re.finditer(r"^(FAST|SLOW) := (.+)$", makefile, re.MULTILINE)}
