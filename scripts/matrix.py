@@ -79,6 +79,12 @@ def cpu_cell(arm: dict) -> str:
     )
 
 
+def cards(serve: dict) -> dict[str, str]:
+    """Each device call's card, as a short name ("H200", "H100"), from the GPU its summary recorded."""
+    return {ses["source"]: ses["summary"].get("gpu", "").removeprefix("NVIDIA ").split(",")[0].split(" ")[0]
+            for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, 81559 MiB" -> "H100"
+
+
 def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]:
     """Each (build, hybrid manager, shim) cell's servers by tensor-parallel size, and a note for each
     server that did not come up for another reason than the reported error (with its first error)."""
@@ -87,7 +93,7 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
         for ses in serve["sessions"]
         for s in ses["summary"].get("servers", [])
     }
-    card = {ses["source"]: ses["summary"].get("gpu", "") for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, ..."
+    card = cards(serve)
     cells: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     notes: list[str] = []
     for arm, servers in sorted(serve["figures"]["outcomes"].items()):
@@ -104,7 +110,7 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
                     f"first error: `{(first[s['server']] or 'none')[:140]}`"
                 )
                 what = f"{s['outcome'] or 'no outcome'} [{len(notes)}]"
-            name = card[s["server"].split("-")[0]].removeprefix("NVIDIA ").split(",")[0].split()[0]
+            name = card[s["server"].split("-")[0]]
             where = s["tp"] if name == "H200" else f"{s['tp']} on an {name}"
             cells.setdefault(H200_ARMS[arm], {}).setdefault(where, []).append(what)
     text = {
@@ -220,13 +226,13 @@ def bench_rows(serve: dict) -> list[str]:
     servers as one figure): vLLM's own figures, the median of the arm's timed runs, and how many runs compiled
     kernels (such a run is no clean measure of the arm's speed); then the bug's cost over the clean pairs."""
     rows, costs = [], []
-    card = {ses["source"]: ses["summary"].get("gpu", "") for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, ..."
+    card = cards(serve)
     benches = serve["figures"]["bench"]
     joined = {call for key in benches if "+" in key for call in key.split("+")}
     for call, bench in sorted(benches.items()):
         if not bench.get("reference_arm") or call in joined:
             continue
-        name = card[call.split("+")[0]].removeprefix("NVIDIA ").split(",")[0].split()[0]
+        name = card[call.split("+")[0]]
         arms = (bench["reference_arm"], bench["fixed_arm"])
         for arm in arms:
             build, shim = WEIGHT_SERVERS[arm]
