@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -10,18 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from harness.common import REPO
-
-
-@pytest.fixture(scope="module")
-def matrix():
-    """scripts/matrix.py, a command-line tool (not a package), loaded from its path."""
-    spec = importlib.util.spec_from_file_location("matrix", REPO / "scripts" / "matrix.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_committed_matrix_is_what_the_evidence_gives(matrix):
