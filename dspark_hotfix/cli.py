@@ -18,9 +18,17 @@ environment:
                          anything else: off, with one warning (the shim is OFF)
   DSPARK_HOTFIX_PATCHES  name,name (only these) or -name,-name (all but these);
                          anything else: one warning saying what it selects
-  DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied stops vLLM
+  DSPARK_HOTFIX_STRICT   1/true/on/yes: a patch that cannot be applied, or a
+                         correction that raises, stops vLLM; blank, unset or
+                         0/false/off/no: off; anything else: off, with one warning
 
-""" + state.EXIT_CODES
+""" + state.EXIT_CODES + """
+exit status of run: the command's own once it runs; before that:
+  1    the shim would not be active in it (the reason is said)
+  2    usage error
+  126  it cannot be run
+  127  command not found
+"""
 
 
 def startup_dir() -> str:

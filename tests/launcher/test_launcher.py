@@ -5,6 +5,8 @@ sys.meta_path)."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -113,6 +115,30 @@ def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
         assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
         (line,) = [line for line in proc.stderr.splitlines() if ": running " in line]
         assert line.endswith(f"starts it{said})"), line
+
+
+def test_each_exit_of_run_before_the_command_runs_is_in_its_help_as_it_happens(tmp_path):
+    help_text = run_in_env([sys.executable, "-m", "dspark_hotfix", "run", "--help"], clean_env(PYTHONPATH=str(REPO)),
+                           cwd=tmp_path).stdout
+    listed = dict(re.findall(r"^  (\d+) +(.+)$", help_text.partition("exit status of run:")[2], re.MULTILINE))
+    garbage = tmp_path / "not-a-program"  # executable, but neither a binary nor a script: exec refuses it
+    garbage.write_bytes(b"\x00\x01\x02")
+    garbage.chmod(0o755)
+    refusing = tmp_path / "opentelemetry-instrument"  # a wrapper that would start the command without the shim
+    refusing.write_text("#!/bin/sh\nexit 0\n")
+    refusing.chmod(0o755)
+    env = clean_env(PYTHONPATH=str(REPO), PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    happened = {
+        "usage error": run_in_env([sys.executable, "-m", "dspark_hotfix", "run"], env, cwd=tmp_path),
+        "not active": launch(tmp_path, "opentelemetry-instrument", "vllm", "serve", env=env),
+        "cannot be run": launch(tmp_path, str(garbage), env=env),
+        "not found": launch(tmp_path, "dspark-hotfix-no-such-command-4711", env=env),
+    }
+    said = {why: (str(proc.returncode), listed.get(str(proc.returncode), "")) for why, proc in happened.items()}
+    assert said == {"usage error": ("2", "usage error"),
+                    "not active": ("1", "the shim would not be active in it (the reason is said)"),
+                    "cannot be run": ("126", "it cannot be run"), "not found": ("127", "command not found")}, said
+    assert sorted(listed) == sorted(code for code, _ in said.values()), listed
 
 
 def test_run_of_a_command_that_does_not_exist_exits_127(tmp_path):

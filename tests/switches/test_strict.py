@@ -19,7 +19,7 @@ import dspark_hotfix
 from dspark_hotfix import HotfixError, config
 from dspark_hotfix.startup.sitecustomize import VllmImportWatcher
 from tests.child import print_status, use_toys
-from tests.conftest import json_lines, program, run_python
+from tests.conftest import REPO, json_lines, program, run_python
 from tests.reporting.inprocess import activate, build, strict
 from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, module_file
 
@@ -34,6 +34,20 @@ def test_strict_is_off_by_default_and_on_for_true_words_only():
     s = settings(DSPARK_HOTFIX_STRICT="very")
     assert s.strict is False and s.problems == [
         "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is OFF"]
+
+
+def test_the_readme_and_help_say_what_strict_stops_and_what_another_value_does(capsys):
+    # what the tests here hold: what cannot be applied and what raises stops vLLM; another value is off, and said
+    from dspark_hotfix.cli import main
+
+    readme = (REPO / "README.md").read_text().splitlines()
+    (row,) = [line for line in readme if line.startswith(f"| `{config.STRICT}` |")]
+    assert "a patch that cannot be applied, or a correction that raises, stops vLLM" in row, row
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{config.STRICT} 1/true/on/yes: a patch that cannot be applied, or a correction that raises, stops vLLM; " \
+           "blank, unset or 0/false/off/no: off; anything else: off, with one warning" in help_text, help_text
 
 
 # Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it says.
