@@ -74,14 +74,16 @@ def main() -> int:
     print(f"   KV view width {width(off)} -> {width(on)} bytes/token: FlashMLA runs where it refused the view.")
     if draft_layers(on) != draft_layers(off):
         print(f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its weights.")
-    for patch in ALL:
+    for patch in ALL:  # every patch the shim's line counts as patched
         row = on["patches"][patch.name]
-        n, applied = row["corrections"], row["state"] == "patched" and not patch.stops
+        n = row["corrections"]
         if n:
             print(f"   {patch.name} corrected {n} answer{'s' * (n != 1)} of {patch.qualname}:")
-        elif applied:  # a repair of a path this start does not take
+        elif row["state"] == "patched" and patch.stops:  # it corrects nothing: it stops a start that would crash
+            print(f"   {patch.name} is applied; it stops vLLM only where vLLM would crash, and this start would not:")
+        elif row["state"] == "patched":  # a repair of a path this start does not take
             print(f"   {patch.name} is applied; this start does not call {patch.qualname}:")
-        if n or applied:
+        if n or row["state"] == "patched":
             print(f"     {what(patch)}")
     print("   Where a patch is not in place, the shim's line, status and doctor say problem.\n")
     print("Next: in your serving image, with the server's environment, run")

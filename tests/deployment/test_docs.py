@@ -319,12 +319,15 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
     off, _, on = shown.partition("== DSPARK_HOTFIX=1")
     assert "engine start: FAILED: RuntimeError: kv must have shape" in off and "engine start: ok" in on
     assert "KV view width 512 -> 584 bytes/token" in changes
-    # Each correction says what it corrected (vLLM's function, how many answers) and what it repairs; a stop,
-    # which corrects nothing, is not named.
-    # (A repair of a path the demo's start does not take is named as applied.)
-    named = re.findall(r"^   (\w+) (?:corrected \d+ answers? of|is applied; this start does not call) (\S+):\n     \S",
+    # Every patch the shim's line counts as patched is explained: a correction says what it corrected (vLLM's
+    # function, how many answers), a repair of a path the demo's start does not take and a stop that it applied,
+    # why they changed nothing; each then says what it is for.
+    (patched,) = re.findall(r": fixing: \d+ patched \(([^)]+)\)$", on, re.MULTILINE)
+    named = re.findall(r"^   (\w+) (?:corrected \d+ answers? of (\S+)|is applied; this start does not call (\S+)|"
+                       r"is applied; (it stops) vLLM only where vLLM would crash, and this start would not):\n     \S",
                        changes, re.MULTILINE)
-    assert sorted(named) == sorted((p.name, p.qualname) for p in ALL if not p.stops), changes
-    assert not [p.name for p in ALL if p.stops and p.name in changes], changes
+    said = {name: corrected or uncalled or stop for name, corrected, uncalled, stop in named}
+    assert len(said) == len(named) and said == {
+        p.name: "it stops" if p.stops else p.qualname for p in ALL if p.name in patched.split(", ")}, changes
     assert following.index("dspark-hotfix doctor") < following.index("dspark-hotfix run -- vllm serve")
     assert 'export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"' in following
