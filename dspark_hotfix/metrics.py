@@ -1,10 +1,11 @@
 """The shim's state on vLLM's own ``/metrics``, as three Prometheus gauges.
 
 ``dspark_hotfix_info{version,activated_by}`` is 1 in every process where the
-shim is active. ``dspark_hotfix_patch_state{patch,state}`` is 1 for each
-patch's current state, and 0 for each other state (a state set). ``dspark_hotfix_patch_needed{patch}``
+shim is active. ``dspark_hotfix_patch_state{patch,state,stop}`` is 1 for each
+patch's current state, and 0 for each other state (a state set). ``dspark_hotfix_patch_needed{patch,stop}``
 says, once the patch is judged in the process, whether this vLLM needs it: 1,
-0, or -1 where its probe could not tell.
+0, or -1 where its probe could not tell. ``stop`` is ``true`` for a stop, which
+corrects nothing: a process whose only patches in place are stops is ``guarding``.
 
 The values are ``state.judge``'s rows, as everywhere else. :func:`publish` runs
 after each decision, and at each scrape of prometheus_client's default
@@ -51,11 +52,12 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 return
             info, states, needed = _gauges
             info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
-            for row in state.judge(records)["patches"]:
+            for record, row in zip(records, state.judge(records)["patches"], strict=True):
+                stop = str(record.patch.stops).lower()  # "true": a stop, which corrects nothing (see Patch.stops)
                 for word in state.STATES:
-                    states.labels(row["name"], word).set(int(word == row["state"]))
+                    states.labels(row["name"], word, stop).set(int(word == row["state"]))
                 if row["state"] != state.PENDING:
-                    needed.labels(row["name"]).set(-1 if row["needed"] is None else int(row["needed"]))
+                    needed.labels(row["name"], stop).set(-1 if row["needed"] is None else int(row["needed"]))
     except Exception as exc:
         _gauges = ()  # said once, never retried
         state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
@@ -63,14 +65,15 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
 
 
 def _make(module: Any) -> tuple[Any, ...]:
-    mode = "liveall"  # per process: see above
-    return (  # made apart from any registry: the scrape-time collector serves them
+    # Per process (see above), and apart from any registry: the scrape-time collector serves them.
+    apart = {"multiprocess_mode": "liveall", "registry": None}
+    return (
         module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
-                     "what activated it", ["version", "activated_by"], multiprocess_mode=mode, registry=None),
+                     "what activated it", ["version", "activated_by"], **apart),
         module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
-                     "state", ["patch", "state"], multiprocess_mode=mode, registry=None),
+                     "state; stop: whether the patch is a stop", ["patch", "state", "stop"], **apart),
         module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
-                     "process: 1 yes, 0 no, -1 could not be judged", ["patch"], multiprocess_mode=mode, registry=None),
+                     "process: 1 yes, 0 no, -1 could not be judged", ["patch", "stop"], **apart),
     )
 
 

@@ -210,7 +210,7 @@ def weight_server_rows() -> list[str]:
             accepted.append(", ".join(f"{by_position[str(k)] / drafts:.2f}" for k in sorted(map(int, by_position))))
         states: dict[str, list[str]] = {}  # state -> its patches, from dspark_hotfix_patch_state's series at 1
         for line in {line for run in runs for line in run["metrics"]["ready"] if line.endswith("} 1.0")}:
-            found_state = re.fullmatch(r'dspark_hotfix_patch_state\{patch="(\w+)",state="(\w+)"\} 1.0', line)
+            found_state = re.fullmatch(r'dspark_hotfix_patch_state\{patch="(\w+)",state="(\w+)"[^}]*\} 1.0', line)
             if found_state:
                 states.setdefault(found_state[2], []).append(found_state[1])
         # as the shim's line says them: the patched ones named where some are not

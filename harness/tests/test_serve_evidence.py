@@ -422,7 +422,7 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     assert set(metrics) == {"ready", "after-bench"}
     for lines in metrics.values():
         assert f'dspark_hotfix_info{{activated_by="vllm-plugin",version="{VERSION}"}} 1.0' in lines
-        assert 'dspark_hotfix_patch_state{patch="toy_greeting",state="patched"} 1.0' in lines
-        assert 'dspark_hotfix_patch_needed{patch="toy_greeting"} 1.0' in lines
+        assert 'dspark_hotfix_patch_state{patch="toy_greeting",state="patched",stop="false"} 1.0' in lines
+        assert 'dspark_hotfix_patch_needed{patch="toy_greeting",stop="false"} 1.0' in lines
     figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])["metrics"]
     assert figured == {"call-1-02-fixed-plugin": {"arm": "fixed-plugin", **metrics}}

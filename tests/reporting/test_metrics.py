@@ -225,8 +225,9 @@ def collected(directories: list[str]) -> list[str]:
 
 
 def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
-    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what seven pods' processes export:
-    the pod without the shim pages, the B arm of an A/B, off as asked, does not."""
+    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what eight pods' processes export:
+    the pod without the shim pages, the B arm of an A/B, off as asked, does not; the pod whose only patch in
+    place is the stop guards, and the pod where the stop is in place beside corrections does not."""
     def pod(name: str, *processes: tuple[list[str], dict[str, str], tuple]) -> str:
         directory = tmp_path / name
         directory.mkdir()
@@ -236,6 +237,7 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
         return str(directory)
 
     fixed_copy = edited_standin(tmp_path / "fixed-standin", fixed())
+    guarding_copy = edited_standin(tmp_path / "guarding-standin", fixed((GREETING, FAREWELL)))  # the stop's bug only
     # fixed, and a signature the shim does not know: failed
     signature = ("def greet(self, name)", "def greet(self, name, title='')")
     edits = fixed()
@@ -248,6 +250,7 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
         "patched": pod("patched", engine, api),
         "excluded": pod("excluded", (TARGETS, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))),
         "fixed": pod("fixed", (TARGETS, {}, (fixed_copy,)), ([], {}, (fixed_copy,))),
+        "guarding": pod("guarding", (TARGETS, {}, (guarding_copy,)), ([], {}, (guarding_copy,))),
         # an API server's process alone: the planner judged, the model's patches never
         "fixed-api-server": pod("fixed-api-server", ([PLANNER.module], {}, (fixed_copy,))),
         "fixed-failed": pod("fixed-failed", (TARGETS, {}, (broken,))),
@@ -270,13 +273,14 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
               for p, samples in pods.items() for name, labels, value in samples]
     inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p, **arms.get(p, {})}),
                 "values": "0x10"} for p in pods]
-    needed_not_installed, could_drop, without_shim = documented_queries("On /metrics")
-    excluded = {**where, "pod": "excluded", "patch": GREETING.name, "pid": excluded_pid}
-    failed = {**where, "pod": "fixed-failed", "patch": GREETING.name, "pid": failed_pid}
+    needed_not_installed, could_drop, guarding, without_shim = documented_queries("On /metrics")
+    excluded = {**where, "pod": "excluded", "patch": GREETING.name, "stop": "false", "pid": excluded_pid}
+    failed = {**where, "pod": "fixed-failed", "patch": GREETING.name, "stop": "false", "pid": failed_pid}
     expected = [
         (needed_not_installed, [(series("dspark_hotfix_patch_needed", excluded), 1),
                                 (series("dspark_hotfix_patch_needed", failed), -1)]),
         (could_drop, [(series("", {**where, "pod": "fixed"}), 0)]),
+        (guarding, [(series("", {**where, "pod": "guarding"}), 1)]),
         (without_shim, [(series("", {**where, "pod": "off"}), 1)]),
     ]
     tests = {"evaluation_interval": "1m", "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": [
