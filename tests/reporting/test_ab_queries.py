@@ -1,7 +1,7 @@
 """docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool: on the made-up series of
 ab_series.json (two pods per arm, one restarted), and on the GPU servers' own scrapes (H200 and H100) of the
 silent form's benchmark (docs/evidence/serve-h200-metrics/), where it must give the acceptance vLLM's benchmark
-client measured.
+client measured, and where the output-rate query's counter grows by each run's output tokens.
 
 The answer each arm should get is worked out here from the counters' values, the way Prometheus's rate() works
 (promql/functions.go, extrapolatedRate), and the documented queries must give it; nothing here names a value.
@@ -152,3 +152,20 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
                                                                             for r in measured)
         assert abs(expected["acceptance"][arm] - bench) < 0.001, (arm, expected["acceptance"][arm], bench)
     assert expected["acceptance"]["a"] == 1.0 and expected["acceptance"]["b"] < 1e-4
+
+
+def test_the_counter_the_output_rate_query_reads_counts_each_benchmark_runs_output_tokens():
+    # Between the scrapes after two runs of one server, vllm:generation_tokens_total grows by the output tokens
+    # vLLM's benchmark client counted in the later run: the output-rate query measures the benchmark's load.
+    record = json.loads((EVIDENCE / "serve-h200.json").read_text())
+    runs = {(ses["source"], run["arm"], f"{run['phase']}-{run['rep']}"): run["result"]["total_output_tokens"]
+            for ses in record["sessions"] for run in ses["summary"].get("bench_runs", [])}
+    compared = []
+    for path in sorted(METRICS.glob("*.prom.xz")):
+        headers = [dict(word.split("=", 1) for word in line.split()[2:])
+                   for line in lzma.decompress(path.read_bytes()).decode().splitlines() if line.startswith("# scrape ")]
+        counted = [got[GENERATED] for _, got in scraped(path)]
+        for (before, after), (then, now) in zip(itertools.pairwise(headers), itertools.pairwise(counted), strict=True):
+            if "after" in before and "after" in after:  # (before a call's first run: the probe's requests too)
+                compared.append((now - then, runs[(path.name.split("-")[0], after["arm"], after["after"])]))
+    assert len(compared) >= 80 and all(grew == output for grew, output in compared), compared
