@@ -175,11 +175,15 @@ def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured(matrix)
     # the figure over the most pairs in which no run compiled, and the card it ran on, as docs/OPERATORS.md's
     # A/B recipe says them
     serve = json.loads(EVIDENCE.read_text())
-    calls, measured = max(((calls, b["clean"]) for calls, b in serve["figures"]["bench"].items()
-                           if b.get("reference_arm") == "tolerant"), key=lambda each: each[1]["pairs"])
+    calls, measured = max(
+        ((calls, b["clean"]) for calls, b in serve["figures"]["bench"].items() if b.get("reference_arm") == "tolerant"),
+        key=lambda each: each[1]["pairs"],
+    )
     on = {matrix.cards(serve)[call] for call in calls.split("+")}
-    said = re.findall(r"saturated, the silent form's A made (\d+\.\d)x B's \(4-layer model, one (\w+)\)",
-                      (ROOT / "docs" / "OPERATORS.md").read_text())
+    said = re.findall(
+        r"saturated, the silent form's A made (\d+\.\d)x B's \(4-layer model, one (\w+)\)",
+        (ROOT / "docs" / "OPERATORS.md").read_text(),
+    )
     assert measured["pairs"] >= 10 and len(on) == 1 and said == [(f"{measured['ratio']:.1f}", *on)], (said, measured)
 
 
