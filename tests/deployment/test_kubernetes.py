@@ -107,7 +107,8 @@ def test_the_server_imports_the_shim_from_the_volume_it_mounts_read_only(site):
 def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, tmp_path):
     # What docs/OPERATORS.md's Kubernetes removal names, and nothing else.
     recipe = (REPO / "docs/OPERATORS.md").read_text().split("**Kubernetes.**", 1)[1].split("\n\n", 1)[0]
-    for named in ("`dspark-hotfix` init container", "`dspark-hotfix` and\n`dspark-hotfix-wheels` volumes",
+    recipe = " ".join(recipe.split())  # as it reads, however it is wrapped
+    for named in ("`dspark-hotfix` init container", "`dspark-hotfix` and `dspark-hotfix-wheels` volumes",
                   "`dspark-hotfix` volume mount", "`PYTHONPATH` and `DSPARK_HOTFIX` entries"):
         assert named in recipe, named
     (deployment,) = kubernetes.documents(site)
