@@ -5,7 +5,7 @@ shim is active. ``dspark_hotfix_patch_state{patch,state,stop}`` is 1 for each
 patch's current state, and 0 for each other state (a state set). ``dspark_hotfix_patch_needed{patch,stop}``
 says, once the patch is judged in the process, whether this vLLM needs it: 1,
 0, or -1 where its probe could not tell. ``stop`` is ``true`` for a stop, which
-corrects nothing: a process whose only patches in place are stops is ``guarding``.
+corrects nothing (docs/OPERATORS.md's alert for guarding pods reads it).
 
 The values are ``state.judge``'s rows, as everywhere else. :func:`publish` runs
 after each decision, and at each scrape of prometheus_client's default
