@@ -106,13 +106,14 @@ def test_the_documented_ab_queries_give_each_arms_acceptance_and_output_rate(tmp
     assert expected["acceptance"]["b"] < 0.01 < expected["acceptance"]["a"]
 
 
-def scraped(path: Path) -> list[tuple[float, dict[str, float]]]:
-    """The scrapes of one serve-h200-metrics file: each one's epoch, and the value of each counter named here
-    (summed over its series)."""
-    scrapes: list[tuple[float, dict[str, float]]] = []
+def scraped(path: Path) -> list[tuple[float, dict[str, float], dict[str, str]]]:
+    """The scrapes of one serve-h200-metrics file: each one's epoch, the value of each counter named here
+    (summed over its series), and its header's words (``arm``, ``before=call`` or ``after=<run>``, ``epoch``)."""
+    scrapes: list[tuple[float, dict[str, float], dict[str, str]]] = []
     for line in lzma.decompress(path.read_bytes()).decode().splitlines():
         if line.startswith("# scrape "):
-            scrapes.append((float(line.rsplit("epoch=", 1)[1]), defaultdict(float)))
+            header = dict(word.split("=", 1) for word in line.split()[2:])
+            scrapes.append((float(header["epoch"]), defaultdict(float), header))
         elif (name := line.split("{", 1)[0]) in (ACCEPTED, DRAFTED, GENERATED):
             scrapes[-1][1][name] += float(line.rsplit(" ", 1)[1])
     return scrapes
@@ -136,10 +137,10 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
     (runs,) = [ses["summary"]["bench_runs"] for ses in record["sessions"] if ses["source"] == calls[-1]]
     points = {arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom.xz")]
               for arm, server in arms.items()}
-    origin = math.floor(min(t for scrapes in points.values() for t, _ in scrapes))
+    origin = math.floor(min(t for scrapes in points.values() for t, _, _ in scrapes))
     pods = [{"labels": {"arm": arm, "pod": f"vllm-dspark-{arm}-0"},
-             "counters": {name: [(round(t - origin), got[name]) for t, got in scrapes] for name in (ACCEPTED, DRAFTED,
-                                                                                                  GENERATED)}}
+             "counters": {name: [(round(t - origin), got[name]) for t, got, _ in scrapes]
+                          for name in (ACCEPTED, DRAFTED, GENERATED)}}
             for arm, scrapes in points.items()]
     assert all(len(got) == scrapes for got in points.values()), points
     expected = evaluated(pods, 1, tmp_path)
@@ -162,10 +163,8 @@ def test_the_counter_the_output_rate_query_reads_counts_each_benchmark_runs_outp
             for ses in record["sessions"] for run in ses["summary"].get("bench_runs", [])}
     compared = []
     for path in sorted(METRICS.glob("*.prom.xz")):
-        headers = [dict(word.split("=", 1) for word in line.split()[2:])
-                   for line in lzma.decompress(path.read_bytes()).decode().splitlines() if line.startswith("# scrape ")]
-        counted = [got[GENERATED] for _, got in scraped(path)]
-        for (before, after), (then, now) in zip(itertools.pairwise(headers), itertools.pairwise(counted), strict=True):
+        for (_, then, before), (_, now, after) in itertools.pairwise(scraped(path)):
             if "after" in before and "after" in after:  # (before a call's first run: the probe's requests too)
-                compared.append((now - then, runs[(path.name.split("-")[0], after["arm"], after["after"])]))
+                compared.append((now[GENERATED] - then[GENERATED],
+                                 runs[(path.name.split("-")[0], after["arm"], after["after"])]))
     assert len(compared) >= 80 and all(grew == output for grew, output in compared), compared
