@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Laid out by ruff format (pyproject.toml: line length 100), checked by make lint.
+PYTHON_SOURCES := dspark_hotfix tests scripts scripts/loc bench harness
 
 .PHONY: demo test lint unit slow sweep real-vllm records coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
 
@@ -15,8 +17,8 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 	$(PY) scripts/demo.py
 
 lint: $(VENV)/.ready
-	$(PY) -m ruff check dspark_hotfix tests scripts scripts/loc bench harness
-	$(PY) -m ruff format --check harness
+	$(PY) -m ruff format --check $(PYTHON_SOURCES)
+	$(PY) -m ruff check $(PYTHON_SOURCES)
 	$(PY) -m mypy
 
 FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long

@@ -23,7 +23,11 @@ from pathlib import Path
 # What a tensor-parallel worker of DeepSeek-V4 has imported once it loads the model: the worker, vLLM's V2
 # model runner (DSpark forces it) and the target module. (A process that imports the target module alone
 # lacks the KV-cache grouping's modules, which the activation then imports: see run.py.)
-IMPORTS = ("vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu.model_runner", "vllm.models.deepseek_v4.attention")
+IMPORTS = (
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu.model_runner",
+    "vllm.models.deepseek_v4.attention",
+)
 
 
 def per_call_ns(find_spec: object, name: str) -> float:
@@ -45,10 +49,14 @@ def main() -> None:
     registry.activate("bench")
     activation = time.perf_counter() - start
     vllm_imported = sorted(m for m in set(sys.modules) - before if m.startswith("vllm."))
-    spec = importlib.util.spec_from_file_location("startup", Path(repo) / "dspark_hotfix/startup/sitecustomize.py")
+    spec = importlib.util.spec_from_file_location(
+        "startup", Path(repo) / "dspark_hotfix/startup/sitecustomize.py"
+    )
     assert spec is not None and spec.loader is not None
     startup = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(startup)  # its classes only: start() and chain() run where it is sitecustomize
+    spec.loader.exec_module(
+        startup
+    )  # its classes only: start() and chain() run where it is sitecustomize
     watcher = startup.VllmImportWatcher("bench")
     watcher.done = True  # as after activation, for the rest of the import
     wrapt_finder = next(f for f in sys.meta_path if type(f).__module__.startswith("wrapt"))
@@ -58,11 +66,19 @@ def main() -> None:
         "wrapt": per_call_ns(wrapt_finder.find_spec, "vllm.some.module"),
     }
     states = {row["name"]: row["state"] for row in registry.status()["patches"]}
-    print(json.dumps({
-        "modules": modules, "activation_s": activation, "find_spec_ns": finders, "states": states,
-        "vllm_imported": vllm_imported,
-        "top_level": top_level, "path_entry_ns": per_call_ns(path_entry.find_spec, "some_module"),
-    }))
+    print(
+        json.dumps(
+            {
+                "modules": modules,
+                "activation_s": activation,
+                "find_spec_ns": finders,
+                "states": states,
+                "vllm_imported": vllm_imported,
+                "top_level": top_level,
+                "path_entry_ns": per_call_ns(path_entry.find_spec, "some_module"),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def wrapped_and_original(build: str, name: str) -> tuple[Any, Any]:
 
     patch = patch_named(name)
     _, _, original = registry.resolve(patch, importlib.import_module(patch.module))
-    return registry._wrap(registry.Activation("benchmark"), registry.Record(patch), original), original
+    return registry._wrap(
+        registry.Activation("benchmark"), registry.Record(patch), original
+    ), original
 
 
 def instance_of(name: str, fields: SimpleNamespace) -> object:
@@ -88,7 +90,10 @@ def instance_of(name: str, fields: SimpleNamespace) -> object:
 def cases(build: str) -> list[tuple[str, str, object, object, int]]:
     """(case, patch, instance, argument, calls per loop)."""
     remap = correction_on("DSparkDeepseekV4ForCausalLM")
-    attention_spec, swa_spec = correction_on("DeepseekV4Attention"), correction_on("DeepseekV4SWACache")
+    attention_spec, swa_spec = (
+        correction_on("DeepseekV4Attention"),
+        correction_on("DeepseekV4SWACache"),
+    )
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
     if build == "standin":
         draft = owner(remap)()
@@ -96,13 +101,29 @@ def cases(build: str) -> list[tuple[str, str, object, object, int]]:
         swa = owner(swa_spec)(512, cache_dtype="fp8_ds_mla")
         swa_auto = owner(swa_spec)(512, cache_dtype="auto")
         return [
-            ("remap, layer name: the defect, corrected", remap, draft, "mtp.1.attn.wkv.weight", FAST_CALLS),
+            (
+                "remap, layer name: the defect, corrected",
+                remap,
+                draft,
+                "mtp.1.attn.wkv.weight",
+                FAST_CALLS,
+            ),
             ("remap, head name", remap, draft, "mtp.2.norm.weight", FAST_CALLS),
             ("remap, name vLLM maps to None", remap, draft, "embed.weight", FAST_CALLS),
-            ("attention spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", attention_spec,
-             attention, config, SLOW_CALLS),
-            ("SWA spec, fp8_ds_mla: the defect, corrected (rebuilt every call)", swa_spec, swa, config,
-             SLOW_CALLS),
+            (
+                "attention spec, fp8_ds_mla: the defect, corrected (rebuilt every call)",
+                attention_spec,
+                attention,
+                config,
+                SLOW_CALLS,
+            ),
+            (
+                "SWA spec, fp8_ds_mla: the defect, corrected (rebuilt every call)",
+                swa_spec,
+                swa,
+                config,
+                SLOW_CALLS,
+            ),
             ("SWA spec, other dtype (auto)", swa_spec, swa_auto, config, SLOW_CALLS),
         ]
     sys.path.insert(0, str(REPO / "tests" / "real_vllm" / "inside"))
@@ -120,7 +141,9 @@ def cases(build: str) -> list[tuple[str, str, object, object, int]]:
     ]
 
 
-def measure(build: str, name: str, instance: object, argument: object, calls: int, repeats: int) -> dict[str, float]:
+def measure(
+    build: str, name: str, instance: object, argument: object, calls: int, repeats: int
+) -> dict[str, float]:
     """Best ns/call with the shim's wrapper on the class (A), with vLLM's function (B), and with a
     plain function that only passes the call on (W: what any wrapper costs, without the correction)."""
     cls, method = owner(name), method_of(name)
@@ -133,11 +156,13 @@ def measure(build: str, name: str, instance: object, argument: object, calls: in
     arms = {"A": wrapper, "B": original, "W": passthrough}
     before = vars(cls)[method]  # the shim's wrapper on the stand-in, vLLM's function on a release
     # vLLM's own call site: the attribute lookup (and the binding it does) is part of the cost.
-    timer = timeit.Timer(f"instance.{method}(argument)", globals={"instance": instance, "argument": argument})
+    timer = timeit.Timer(
+        f"instance.{method}(argument)", globals={"instance": instance, "argument": argument}
+    )
     best = dict.fromkeys(arms, float("inf"))
     try:
         for rep in range(repeats + 1):
-            order = list(arms)[rep % 3:] + list(arms)[:rep % 3]
+            order = list(arms)[rep % 3 :] + list(arms)[: rep % 3]
             for arm in order:
                 setattr(cls, method, arms[arm])
                 seconds = timer.timeit(calls)
@@ -156,8 +181,16 @@ def main() -> None:
     rows = []
     for case, name, instance, argument, calls in cases(build):
         best = measure(build, name, instance, argument, calls, repeats)
-        rows.append({"case": case, "patch": name, "calls": calls, "wrapped_ns": best["A"], "original_ns": best["B"],
-                     "passthrough_ns": best["W"]})
+        rows.append(
+            {
+                "case": case,
+                "patch": name,
+                "calls": calls,
+                "wrapped_ns": best["A"],
+                "original_ns": best["B"],
+                "passthrough_ns": best["W"],
+            }
+        )
     print(json.dumps({"build": build, "vllm": vllm.__version__, "repeats": repeats, "rows": rows}))
 
 

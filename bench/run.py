@@ -40,13 +40,31 @@ SHIM_MODULES = ("sitecustomize", "dspark_hotfix")
 STARTUP_LIMIT = 1.03  # target 1: start-up A/B of the medians
 QUIET = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
 # startup/import: (rounds kept, warm-up rounds); percall: timeit loops per arm and case; the rest: runs.
-FULL = {"startup": (600, 30), "importtime": 60, "import": (12, 1), "wrapt_only": 3, "inside": 3, "percall": 150}
-QUICK = {"startup": (100, 10), "importtime": 10, "import": (2, 1), "wrapt_only": 1, "inside": 1, "percall": 20}
+FULL = {
+    "startup": (600, 30),
+    "importtime": 60,
+    "import": (12, 1),
+    "wrapt_only": 3,
+    "inside": 3,
+    "percall": 150,
+}
+QUICK = {
+    "startup": (100, 10),
+    "importtime": 10,
+    "import": (2, 1),
+    "wrapt_only": 1,
+    "inside": 1,
+    "percall": 20,
+}
 
 
 def environ(arm: str, *path: Path) -> dict[str, str]:
     """A: the shim (and ``path``) on PYTHONPATH; B: the same without the shim; C: on the path, switched off."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX") and k != "PYTHONPATH"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DSPARK_HOTFIX") and k != "PYTHONPATH"
+    }
     entries = [*(() if arm == "B" else (REPO,)), *path]
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(map(str, entries))
@@ -66,7 +84,9 @@ def spawn(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def interleaved(arms: dict[str, tuple[list[str], dict[str, str]]], rounds: int, warmup: int) -> dict[str, list]:
+def interleaved(
+    arms: dict[str, tuple[list[str], dict[str, str]]], rounds: int, warmup: int
+) -> dict[str, list]:
     """Every arm once per round, the order rotated each round; the warm-up rounds are dropped."""
     names = list(arms)
     runs: dict[str, list] = {name: [] for name in names}
@@ -99,7 +119,7 @@ def self_times(stderr: str) -> dict[str, int]:
     times: dict[str, int] = {}
     for line in stderr.splitlines():
         if line.startswith("import time:") and "self [us]" not in line:
-            us, _, name = line[len("import time:"):].split("|")
+            us, _, name = line[len("import time:") :].split("|")
             times[name.strip()] = times.get(name.strip(), 0) + int(us)
     return times
 
@@ -110,29 +130,41 @@ def compile_shim(python: str) -> None:
     # Proof that the start-up module now loads from .pyc, from either directory: `-v` names each file it unmarshals.
     for env in (environ("A"), {**environ("B"), "PYTHONPATH": str(STARTUP)}):
         log = output([python, "-v", "-c", "pass"], env).stderr
-        loaded = [line for line in log.splitlines() if line.startswith("# code object from") and str(REPO) in line]
+        loaded = [
+            line
+            for line in log.splitlines()
+            if line.startswith("# code object from") and str(REPO) in line
+        ]
         if not any("sitecustomize.cpython-" in line for line in loaded):
-            raise SystemExit(f"sitecustomize is not loaded from a .pyc by {python}:\n" + "\n".join(loaded))
+            raise SystemExit(
+                f"sitecustomize is not loaded from a .pyc by {python}:\n" + "\n".join(loaded)
+            )
 
 
 def row(label: str, values: list[float], fmt: str) -> str:
-    return (f"| {label} | {min(values):{fmt}} | {statistics.median(values):{fmt}} | {max(values):{fmt}} | "
-            f"{len(values)} |")
+    return (
+        f"| {label} | {min(values):{fmt}} | {statistics.median(values):{fmt}} | {max(values):{fmt}} | "
+        f"{len(values)} |"
+    )
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
     """A/B of the medians with its 90% bootstrap interval, and the median of the per-round ratios
     (A and B of one round ran back to back)."""
     rng = random.Random(0)
-    boot = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
-                  for _ in range(2000))
+    boot = sorted(
+        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+        for _ in range(2000)
+    )
     paired = statistics.median(x / y for x, y in zip(a, b, strict=True))
     return statistics.median(a) / statistics.median(b), boot[100], boot[1899], paired
 
 
 def describe(r: tuple[float, float, float, float], digits: int) -> str:
-    return (f"**{r[0]:.{digits}f}** (90% interval {r[1]:.{digits}f} to {r[2]:.{digits}f}; median of the per-round "
-            f"ratios {r[3]:.{digits}f})")
+    return (
+        f"**{r[0]:.{digits}f}** (90% interval {r[1]:.{digits}f} to {r[2]:.{digits}f}; median of the per-round "
+        f"ratios {r[3]:.{digits}f})"
+    )
 
 
 def spread(r: tuple[float, float, float, float]) -> str:
@@ -179,38 +211,64 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
+def bench_startup(
+    python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]
+) -> None:
     rounds, warmup = plan["startup"]
     # N: A from a copy of the shim without bytecode that may not write any (a read-only volume, or
     # PYTHONDONTWRITEBYTECODE=1 on a checkout): its start-up module is compiled at every start.
     bare = Path(tempfile.mkdtemp(prefix="dspark-hotfix-nopyc-"))
-    shutil.copytree(REPO / "dspark_hotfix", bare / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "dspark_hotfix", bare / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", bare / "sitecustomize.py")
     no_bytecode = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
     no_bytecode.update(PYTHONPATH=str(bare), PYTHONDONTWRITEBYTECODE="1")
     # A and C as operators run it: the start-up directory that `dspark-hotfix path` prints, on PYTHONPATH.
     startup = {**environ("B"), "PYTHONPATH": str(STARTUP)}
-    arms = {"A": startup, "B": environ("B"), "C": {**startup, "DSPARK_HOTFIX": "0"}, "N": no_bytecode}
+    arms = {
+        "A": startup,
+        "B": environ("B"),
+        "C": {**startup, "DSPARK_HOTFIX": "0"},
+        "N": no_bytecode,
+    }
     # Whether the start-up hook watches for vLLM, and whether the package (loaded at start only where
     # DSPARK_HOTFIX is not understood, to say so) or wrapt loaded.
-    probe = ("import sys; print(json.dumps([any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)] + "
-             "[m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))")
-    seen = {arm: last_json(output([python, "-c", "import json; " + probe], env).stdout) for arm, env in arms.items()}
+    probe = (
+        "import sys; print(json.dumps([any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)] + "
+        "[m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))"
+    )
+    seen = {
+        arm: last_json(output([python, "-c", "import json; " + probe], env).stdout)
+        for arm, env in arms.items()
+    }
     if list((bare / "dspark_hotfix").rglob("*.pyc")):
         raise SystemExit("arm N wrote bytecode")
-    if seen != {"A": [True, False, False], "B": [False, False, False], "C": [False, False, False],
-                "N": [True, False, False]}:
+    if seen != {
+        "A": [True, False, False],
+        "B": [False, False, False],
+        "C": [False, False, False],
+        "N": [True, False, False],
+    }:
         raise SystemExit(f"start-up arms are not what they claim: {seen}")
-    runs = interleaved({arm: ([python, "-c", "pass"], env) for arm, env in arms.items()}, rounds, warmup)
+    runs = interleaved(
+        {arm: ([python, "-c", "pass"], env) for arm, env in arms.items()}, rounds, warmup
+    )
     wall, rss = column(runs, 0, 1e3), column(runs, 2)
     wall_ratio = ratio(wall["A"], wall["B"])
     # The measurement's own noise: the same figure over each third of the rounds, in the order they ran.
     # The load of a shared machine changes between them; the bootstrap interval covers sampling alone.
     third = rounds // 3
-    thirds = [ratio(wall["A"][i * third:(i + 1) * third], wall["B"][i * third:(i + 1) * third])[0] for i in range(3)]
+    thirds = [
+        ratio(wall["A"][i * third : (i + 1) * third], wall["B"][i * third : (i + 1) * third])[0]
+        for i in range(3)
+    ]
     rss_delta = statistics.median(rss["A"]) - statistics.median(rss["B"])
-    times = [self_times(output([python, "-X", "importtime", "-c", "pass"], env).stderr)
-             for _ in range(plan["importtime"]) for env in (arms["A"], arms["B"])]
+    times = [
+        self_times(output([python, "-X", "importtime", "-c", "pass"], env).stderr)
+        for _ in range(plan["importtime"])
+        for env in (arms["A"], arms["B"])
+    ]
     lines += [
         "## 1. Interpreter start of a process that never imports vLLM",
         "",
@@ -244,8 +302,11 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "",
         "| module | A | B |",
         "|---|---|---|",
-        *(f"| `{m}` | {statistics.median(t.get(m, 0) for t in times[0::2]):.0f} | "
-          f"{statistics.median(t.get(m, 0) for t in times[1::2]):.0f} |" for m in SHIM_MODULES),
+        *(
+            f"| `{m}` | {statistics.median(t.get(m, 0) for t in times[0::2]):.0f} | "
+            f"{statistics.median(t.get(m, 0) for t in times[1::2]):.0f} |"
+            for m in SHIM_MODULES
+        ),
         "",
         "Nothing else is imported: `tests/activation/test_interpreter.py::"
         "test_startup_imports_nothing_heavy_when_vllm_is_never_imported` asserts that wrapt, logging, typing, "
@@ -253,45 +314,75 @@ def bench_startup(python: str, plan: dict, lines: list[str], summary: list[str],
         "are not in `sys.modules` of such a process.",
         "",
     ]
-    summary.append(f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= {STARTUP_LIMIT} | "
-                   f"{noisy_verdict(wall_ratio, STARTUP_LIMIT)} |")
-    info.append(f"| 1. start-up A/B of the medians, each third of the rounds | "
-                f"{' / '.join(f'{x:.3f}' for x in thirds)} |")
+    summary.append(
+        f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= {STARTUP_LIMIT} | "
+        f"{noisy_verdict(wall_ratio, STARTUP_LIMIT)} |"
+    )
+    info.append(
+        f"| 1. start-up A/B of the medians, each third of the rounds | "
+        f"{' / '.join(f'{x:.3f}' for x in thirds)} |"
+    )
     info.append(f"| 1. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB |")
-    info.append(f"| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B median wall | "
-                f"{ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f} ms against "
-                f"{statistics.median(wall['B']):.2f} ms) |")
+    info.append(
+        f"| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B median wall | "
+        f"{ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f} ms against "
+        f"{statistics.median(wall['B']):.2f} ms) |"
+    )
 
 
-def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]) -> None:
+def bench_import(
+    python: str, plan: dict, lines: list[str], summary: list[str], info: list[str]
+) -> None:
     rounds, warmup = plan["import"]
-    status = ("import dspark_hotfix, json; "
-              "print(json.dumps({p['target']: p['state'] for p in dspark_hotfix.status()['patches']}))")
+    status = (
+        "import dspark_hotfix, json; "
+        "print(json.dumps({p['target']: p['state'] for p in dspark_hotfix.status()['patches']}))"
+    )
     checked = output([python, "-X", "importtime", "-c", f"{IMPORT}\n{status}"], environ("A"))
     states = last_json(checked.stdout)
     # The two spec patches (their targets: vLLM's get_kv_cache_spec methods) have probed vLLM.
-    if {state for target, state in states.items() if target.endswith(".get_kv_cache_spec")} != {"not_needed"}:
+    if {state for target, state in states.items() if target.endswith(".get_kv_cache_spec")} != {
+        "not_needed"
+    }:
         raise SystemExit(f"arm A: the shim did not probe vLLM {VLLM}: {states}")
-    loaded = output([python, "-c", f"{IMPORT}; import sys; print(list(sys.modules))"], environ("B")).stdout
+    loaded = output(
+        [python, "-c", f"{IMPORT}; import sys; print(list(sys.modules))"], environ("B")
+    ).stdout
     if "dspark_hotfix" in loaded:
         raise SystemExit("arm B has the shim")
-    shim = {m: us for m, us in self_times(checked.stderr).items() if m.startswith(("wrapt", "dspark_hotfix"))}
-    inside = [last_json(output([python, str(REPO / "bench" / "activation.py")], environ("B")).stdout)
-              for _ in range(plan["inside"])]
+    shim = {
+        m: us
+        for m, us in self_times(checked.stderr).items()
+        if m.startswith(("wrapt", "dspark_hotfix"))
+    }
+    inside = [
+        last_json(output([python, str(REPO / "bench" / "activation.py")], environ("B")).stdout)
+        for _ in range(plan["inside"])
+    ]
     share = statistics.median(
-        r["activation_s"] + (r["modules"] * sum(r["find_spec_ns"].values()) + r["top_level"] * r["path_entry_ns"]) / 1e9
+        r["activation_s"]
+        + (r["modules"] * sum(r["find_spec_ns"].values()) + r["top_level"] * r["path_entry_ns"])
+        / 1e9
         for r in inside
     )
     arms = {arm: ([python, "-c", IMPORT], environ(arm)) for arm in "AB"}
     runs = interleaved(arms, rounds, warmup)
     # Only to show wrapt's own share of the memory: B, then `import wrapt` once vLLM is in; and the
     # same with the newest wrapt 2.x, which an image may already have (the shim then uses it).
-    wrapt_rss = [spawn([python, "-c", f"{IMPORT}; import wrapt"], environ("B"))[2] for _ in range(plan["wrapt_only"])]
+    wrapt_rss = [
+        spawn([python, "-c", f"{IMPORT}; import wrapt"], environ("B"))[2]
+        for _ in range(plan["wrapt_only"])
+    ]
     with tempfile.TemporaryDirectory(prefix="dspark-bench-wrapt-") as newest:
         newest_version = newest_wrapt(python, Path(newest))
-        newest_rss = [spawn([python, "-c", f"{IMPORT}; import wrapt"], environ("B", Path(newest)))[2]
-                      for _ in range(plan["wrapt_only"])]
-        newest_a = [spawn([python, "-c", IMPORT], environ("A", Path(newest)))[2] for _ in range(plan["wrapt_only"])]
+        newest_rss = [
+            spawn([python, "-c", f"{IMPORT}; import wrapt"], environ("B", Path(newest)))[2]
+            for _ in range(plan["wrapt_only"])
+        ]
+        newest_a = [
+            spawn([python, "-c", IMPORT], environ("A", Path(newest)))[2]
+            for _ in range(plan["wrapt_only"])
+        ]
     wall, cpu, rss = column(runs, 0), column(runs, 1), column(runs, 2)
     wall_ratio, cpu_ratio = ratio(wall["A"], wall["B"]), ratio(cpu["A"], cpu["B"])
     rss_delta = statistics.median(rss["A"]) - statistics.median(rss["B"])
@@ -376,10 +467,23 @@ def bench_import(python: str, plan: dict, lines: list[str], summary: list[str], 
 
 def newest_wrapt(python: str, target: Path) -> str:
     """Put the newest wrapt 2.x from PyPI, byte-compiled, in ``target`` (for PYTHONPATH); its version."""
-    output([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target",
-            str(target), "wrapt>=2,<3"], environ("B"))
+    output(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(target),
+            "wrapt>=2,<3",
+        ],
+        environ("B"),
+    )
     output([python, "-m", "compileall", "-q", str(target)], environ("B"))
-    return next(target.glob("wrapt-*.dist-info")).name[len("wrapt-"):-len(".dist-info")]
+    return next(target.glob("wrapt-*.dist-info")).name[len("wrapt-") : -len(".dist-info")]
 
 
 def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[str]) -> None:
@@ -412,43 +516,66 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
             )
 
     def worst(*cases: str, build: str = "") -> float:
-        return max(v for (b, c), v in overhead.items() if c.startswith(cases) and b.startswith(build))
+        return max(
+            v for (b, c), v in overhead.items() if c.startswith(cases) and b.startswith(build)
+        )
 
     rebuilt = worst("attention spec", "SWA spec", build="standin")
     lines += [
         "",
-        "\"of which a pass-through call\": the same call through a plain function that only passes it on, what "
+        '"of which a pass-through call": the same call through a plain function that only passes it on, what '
         "any wrapper costs; the shim's wrapper is a plain function too (wrapt serves only the post-import hooks, "
         "never a call), and the rest of its overhead is the replacement: vLLM's function called through it, "
-        "then the correction. \"10^5 calls\": the added cost of 10^5 calls of that case, a checkpoint of 10^5 "
+        'then the correction. "10^5 calls": the added cost of 10^5 calls of that case, a checkpoint of 10^5 '
         "names through the remap.",
         "",
         "The shim keeps nothing between calls: on the reported build every call of a spec function for an "
         "`fp8_ds_mla` layer rebuilds the spec (`dataclasses.replace` and a check of the result), and the stand-in "
-        "rows marked \"rebuilt every call\" are that cost, paid on every call. Each spec function is called once "
+        'rows marked "rebuilt every call" are that cost, paid on every call. Each spec function is called once '
         f"per layer, about 60 times per process: at the slowest {rebuilt * 60 / 1e3:.0f} µs per process.",
         "",
     ]
     measured = [
-        (f"remap, layer name, vLLM {VLLM} (the common case)", worst("remap, layer name", build="real")),
+        (
+            f"remap, layer name, vLLM {VLLM} (the common case)",
+            worst("remap, layer name", build="real"),
+        ),
         ("remap, name vLLM maps to None, worst build", worst("remap, name vLLM maps to None")),
         ("remap, head name, worst build", worst("remap, head name")),
         ("remap, the defect corrected (stand-in)", worst("remap, layer name", build="standin")),
-        (f"spec functions, vLLM {VLLM} (right: passed through)", worst("attention spec", "SWA spec", build="real")),
-        ("spec functions, the defect corrected (stand-in; the spec rebuilt on every call)", rebuilt),
+        (
+            f"spec functions, vLLM {VLLM} (right: passed through)",
+            worst("attention spec", "SWA spec", build="real"),
+        ),
+        (
+            "spec functions, the defect corrected (stand-in; the spec rebuilt on every call)",
+            rebuilt,
+        ),
     ]
     info += [f"| 3. {label}, overhead per call | {ns:+.0f} ns |" for label, ns in measured]
-    info.append(f"| 3. spec functions, the defect corrected, about 60 calls (one process's layers) | "
-                f"{rebuilt * 60 / 1e3:+.0f} µs |")
+    info.append(
+        f"| 3. spec functions, the defect corrected, about 60 calls (one process's layers) | "
+        f"{rebuilt * 60 / 1e3:+.0f} µs |"
+    )
     slowest = max(ns for _, ns in measured[:4]) * 1e5 / 1e9
-    info.append(f"| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) | {slowest:.3f} s |")
+    info.append(
+        f"| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) | {slowest:.3f} s |"
+    )
     # A DeepSeek-V4-Flash checkpoint: 43 target layers and 3 draft (mtp) layers of about the same
     # names each. On the reported build the draft's layer names take the defect path; the target's
     # names are answered None by vLLM.
     draft = 3 / 46
-    mix = (draft * worst("remap, layer name", build="standin")
-           + (1 - draft) * worst("remap, name vLLM maps to None")) * 1e5 / 1e9
-    info.append(f"| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) | {mix:.3f} s |")
+    mix = (
+        (
+            draft * worst("remap, layer name", build="standin")
+            + (1 - draft) * worst("remap, name vLLM maps to None")
+        )
+        * 1e5
+        / 1e9
+    )
+    info.append(
+        f"| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) | {mix:.3f} s |"
+    )
 
 
 def main() -> int:
@@ -489,7 +616,7 @@ def main() -> int:
         "- A = the command with the shim on `PYTHONPATH` and enabled; B = the same command without it. "
         "Peak RSS is `ru_maxrss` of each child from `os.wait4`.",
         "- Verdicts are given for the targets alone: a ratio of process-level timings whose point estimate is "
-        "over the limit but whose 90% bootstrap interval reaches below it reads \"not resolved: within the noise\". "
+        'over the limit but whose 90% bootstrap interval reaches below it reads "not resolved: within the noise". '
         "Everything else is reported as measured.",
         "",
         "## Targets",

@@ -45,7 +45,10 @@ def switch(name, raw, default, what):
     word = (raw or "").strip().lower()
     if word in TRUE_WORDS + FALSE_WORDS or not word:
         return word in TRUE_WORDS or (default and not word), None
-    return False, f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: {what} is OFF"
+    return (
+        False,
+        f"{name}={shown(raw)} is not one of {'/'.join(TRUE_WORDS + FALSE_WORDS)}: {what} is OFF",
+    )
 
 
 ENABLE = "DSPARK_HOTFIX"
@@ -63,8 +66,12 @@ def enabled():
     global _enabled
     if _enabled is None:
         _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True, "the shim")
-        if problem:  # tagged as the state lines are (no logging here), with the verdict their alert reads
-            say(f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}): undecided: {problem}")
+        if (
+            problem
+        ):  # tagged as the state lines are (no logging here), with the verdict their alert reads
+            say(
+                f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}): undecided: {problem}"
+            )
     return _enabled
 
 
@@ -82,7 +89,9 @@ def install(source="api"):
         raise
     except Exception as exc:
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
-    except BaseException:  # an interrupt: vLLM calls a plugin once, so the activation is made whole first
+    except (
+        BaseException
+    ):  # an interrupt: vLLM calls a plugin once, so the activation is made whole first
         install(source)
         raise
 

@@ -12,7 +12,8 @@ import sys
 import dspark_hotfix
 from dspark_hotfix import ENABLE, state
 
-EPILOG = """\
+EPILOG = (
+    """\
 environment:
   DSPARK_HOTFIX          1/true/on/yes, blank or unset: on; 0/false/off/no: off;
                          anything else: off, with one warning (the shim is OFF)
@@ -22,13 +23,16 @@ environment:
                          correction that raises, stops vLLM; blank, unset or
                          0/false/off/no: off; anything else: off, with one warning
 
-""" + state.EXIT_CODES + """
+"""
+    + state.EXIT_CODES
+    + """
 exit status of run: the command's own once it runs; before that:
   1    the shim would not be active in it (the reason is said)
   2    usage error
   126  it cannot be run
   127  command not found
 """
+)
 
 
 def startup_dir() -> str:
@@ -57,7 +61,9 @@ def interpreter_of(path: str, args: list[str]) -> list[str] | None:
     except OSError:
         return None
     words = first[2:].split() if first.startswith("#!") else []
-    if len(words) > 1 and os.path.basename(words[0]) == "env":  # `env python3`; an option of env's is no command
+    if (
+        len(words) > 1 and os.path.basename(words[0]) == "env"
+    ):  # `env python3`; an option of env's is no command
         words = [shutil.which(words[1]) or "", *words[2:]]
     if not words or "python" not in os.path.basename(words[0]):
         return None
@@ -103,9 +109,12 @@ def run(command: list[str]) -> int:
         return 127
     name = next((os.path.basename(w) for w in command if os.path.basename(w) in NOT_CHAINING), "")
     if name:
-        print(f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
-              f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
-              "dspark-hotfix run -- COMMAND", file=sys.stderr)
+        print(
+            f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
+            f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
+            "dspark-hotfix run -- COMMAND",
+            file=sys.stderr,
+        )
         return 1
     env = dict(os.environ, PYTHONPATH=safe_pythonpath(os.environ.get("PYTHONPATH")))
     python = interpreter_of(path, command[1:])
@@ -113,19 +122,36 @@ def run(command: list[str]) -> int:
     if python is not None:
         # Asked of the command's own interpreter with its own options: the shim is
         # active there only if interpreter start imported it.
-        proc = subprocess.run([*python, "-c", STARTED], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [*python, "-c", STARTED],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
             wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"  # no index carries it: no bare name
-            hint = f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
-            print(f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
-                  f"{command[0]}): {why}{hint if proc.returncode == CANNOT_IMPORT else ''}", file=sys.stderr)
+            hint = (
+                f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
+            )
+            print(
+                f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
+                f"{command[0]}): {why}{hint if proc.returncode == CANNOT_IMPORT else ''}",
+                file=sys.stderr,
+            )
             return 1
         checked = f"{' '.join(python)} starts it"
-    off = "" if dspark_hotfix.enabled() else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
-    print(f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]} with PYTHONPATH={env['PYTHONPATH']} "
-          f"({checked}{off})", file=sys.stderr)
+    off = (
+        ""
+        if dspark_hotfix.enabled()
+        else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
+    )
+    print(
+        f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]} with PYTHONPATH={env['PYTHONPATH']} "
+        f"({checked}{off})",
+        file=sys.stderr,
+    )
     try:
         os.execve(path, command, env)
     except OSError as exc:
@@ -161,7 +187,9 @@ def show(command: str, as_json: bool) -> int:
     from dspark_hotfix import doctor
 
     report = doctor.diagnose() if command == "doctor" else doctor.report("status")
-    if hasattr(sys.stdout, "reconfigure"):  # an environment value that the locale cannot encode is escaped
+    if hasattr(
+        sys.stdout, "reconfigure"
+    ):  # an environment value that the locale cannot encode is escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     print(json.dumps(report, indent=2) if as_json else doctor.render(report))
     return int(report["exit_code"])
@@ -175,16 +203,26 @@ def main(argv: list[str] | None = None) -> int:
         epilog=EPILOG,
         formatter_class=plain,
     )
-    parser.add_argument("--version", action="version", version=f"dspark-hotfix {dspark_hotfix.__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"dspark-hotfix {dspark_hotfix.__version__}"
+    )
     sub = parser.add_subparsers(dest="name", required=True)
     command = functools.partial(sub.add_parser, epilog=EPILOG, formatter_class=plain)
-    command("path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)")
-    launcher = command("run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ...")
+    command(
+        "path", help="print the directory to put on PYTHONPATH (it holds only sitecustomize.py)"
+    )
+    launcher = command(
+        "run", help="run a command with the hotfix: dspark-hotfix run -- vllm serve ..."
+    )
     launcher.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
-    for name, text in (("status", "import vLLM's target modules here and show what the hotfix does to them"),
-                       ("doctor", "will the fix be active where it is needed? (see exit status)")):
+    for name, text in (
+        ("status", "import vLLM's target modules here and show what the hotfix does to them"),
+        ("doctor", "will the fix be active where it is needed? (see exit status)"),
+    ):
         checker = command(name, help=text)
-        checker.add_argument("--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})")
+        checker.add_argument(
+            "--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})"
+        )
     args = parser.parse_args(argv)
     if args.name == "path":
         print(startup_dir())

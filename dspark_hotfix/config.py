@@ -35,13 +35,20 @@ def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[st
     include = {name for minus, name in pairs if name in names and not minus}
     exclude = {name for minus, name in pairs if name in names and minus}
     selected = include - exclude if include else set(names) - exclude
-    ignored = len({name for _, name in pairs if name not in names})  # unknown, or empty ("," or "-")
+    ignored = len(
+        {name for _, name in pairs if name not in names}
+    )  # unknown, or empty ("," or "-")
     if not ignored and not (include and exclude):
         return frozenset(selected), None
-    why = f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored" if ignored else "names mixed with -names"
+    why = (
+        f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored"
+        if ignored
+        else "names mixed with -names"
+    )
     return frozenset(selected), (
         f"{PATCHES}={shown(raw)}: {why}; it selects {', '.join(n for n in names if n in selected) or 'none'} "
-        f"(known: {', '.join(names)}; name,name selects only those, -name,-name all but those)")
+        f"(known: {', '.join(names)}; name,name selects only those, -name,-name all but those)"
+    )
 
 
 class Settings:
@@ -49,8 +56,12 @@ class Settings:
 
     def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
         self.strict, strict_problem = switch(STRICT, env.get(STRICT), False, "strict mode")
-        self.selected, self.warning = parse_selection(env.get(PATCHES), known)  # said, not a problem
-        self.problems = [p for p in (switch(ENABLE, env.get(ENABLE), True, "the shim")[1], strict_problem) if p]
+        self.selected, self.warning = parse_selection(
+            env.get(PATCHES), known
+        )  # said, not a problem
+        self.problems = [
+            p for p in (switch(ENABLE, env.get(ENABLE), True, "the shim")[1], strict_problem) if p
+        ]
 
 
 def settings() -> Settings:

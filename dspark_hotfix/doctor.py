@@ -20,7 +20,11 @@ import dspark_hotfix
 from dspark_hotfix import config, patches, registry, state
 
 PLUGIN_NAME = "dspark_hotfix"
-FLAGS = (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated"))  # each keeps the start-up hook out
+FLAGS = (
+    ("-S", "no_site"),
+    ("-E", "ignore_environment"),
+    ("-I", "isolated"),
+)  # each keeps the start-up hook out
 
 
 def few(items: list[str], limit: int = 3) -> list[str]:
@@ -43,8 +47,14 @@ def is_shim(file: str) -> bool:
     """Whether the sitecustomize.py at ``file`` is a copy of ours, known by where it lies (doctor
     reads no files): in a dspark_hotfix package's start-up directory, or beside the package."""
     here = os.path.dirname(os.path.realpath(file))
-    package = os.path.dirname(here) if os.path.basename(here) == "startup" else os.path.join(here, "dspark_hotfix")
-    return os.path.basename(package) == "dspark_hotfix" and os.path.isfile(os.path.join(package, "__init__.py"))
+    package = (
+        os.path.dirname(here)
+        if os.path.basename(here) == "startup"
+        else os.path.join(here, "dspark_hotfix")
+    )
+    return os.path.basename(package) == "dspark_hotfix" and os.path.isfile(
+        os.path.join(package, "__init__.py")
+    )
 
 
 def plugin_state() -> tuple[dict[str, Any], list[str]]:
@@ -55,13 +65,25 @@ def plugin_state() -> tuple[dict[str, Any], list[str]]:
         names = importlib.import_module("vllm.envs").VLLM_PLUGINS
     except Exception:
         names = None if raw is None else raw.split(",")
-    visible = any(p.name == PLUGIN_NAME for p in importlib.metadata.entry_points(group="vllm.general_plugins"))
+    visible = any(
+        p.name == PLUGIN_NAME for p in importlib.metadata.entry_points(group="vllm.general_plugins")
+    )
     allowed = names is None or PLUGIN_NAME in names
     spaced = [n for n in dict.fromkeys(names or ()) if n != n.strip() and n.strip() == PLUGIN_NAME]
-    problems = [f"VLLM_PLUGINS={dspark_hotfix.shown(raw)}: vLLM reads {', '.join(few(spaced))} with the spaces, so "
-                f"it does not load {PLUGIN_NAME}; write it without spaces"] if spaced and not allowed else []
-    return {"visible": visible, "allowed": allowed, "vllm_plugins": raw if raw is None else dspark_hotfix.shown(raw),
-            "active": visible and allowed}, problems
+    problems = (
+        [
+            f"VLLM_PLUGINS={dspark_hotfix.shown(raw)}: vLLM reads {', '.join(few(spaced))} with the spaces, so "
+            f"it does not load {PLUGIN_NAME}; write it without spaces"
+        ]
+        if spaced and not allowed
+        else []
+    )
+    return {
+        "visible": visible,
+        "allowed": allowed,
+        "vllm_plugins": raw if raw is None else dspark_hotfix.shown(raw),
+        "active": visible and allowed,
+    }, problems
 
 
 def report(source: str) -> dict[str, Any]:
@@ -70,21 +92,31 @@ def report(source: str) -> dict[str, Any]:
     rows: ``status`` prints this, ``doctor`` adds the serving environment."""
     problems = list(config.settings().problems)
     version = None
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # this process's series must not join a server's
+    os.environ.pop(
+        "PROMETHEUS_MULTIPROC_DIR", None
+    )  # this process's series must not join a server's
     # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
         try:
             version = getattr(importlib.import_module("vllm"), "__version__", "unknown")
         except Exception as exc:
-            problems.append(f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})")
+            problems.append(
+                f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})"
+            )
         else:
-            for module in dict.fromkeys(p.module for p in patches.ALL):  # activated as in the server, where it is
+            for module in dict.fromkeys(
+                p.module for p in patches.ALL
+            ):  # activated as in the server, where it is
                 try:
                     importlib.import_module(module)
-                except Exception as exc:  # but a module this vLLM lacks: its patches are judged so (Patch.absent)
+                except (
+                    Exception
+                ) as exc:  # but a module this vLLM lacks: its patches are judged so (Patch.absent)
                     if not (isinstance(exc, ModuleNotFoundError) and exc.name == module):
                         problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
-            registry.activate(source)  # where nothing did: the hooks fire at once on what is imported
+            registry.activate(
+                source
+            )  # where nothing did: the hooks fire at once on what is imported
     out = registry.status()
     out.update(vllm=version, warnings=[w for w in [config.settings().warning] if w])
     return finish(out, problems)
@@ -110,10 +142,21 @@ def diagnose() -> dict[str, Any]:
     # The sitecustomize that won, and what ours chained; where a foreign one won and ours did not run,
     # the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper (opentelemetry-instrument).
     module = sys.modules.get("sitecustomize")
-    ours = hasattr(module, "VllmImportWatcher")  # the start-up hook's import watcher: our sitecustomize
-    site = {"ours": ours, "file": getattr(module, "__file__", None), "chained": getattr(module, "chained", None),
-            "ahead": None}
-    if not ours and site["file"] and out["activated_by"] != "sitecustomize" and not sys.flags.ignore_environment:
+    ours = hasattr(
+        module, "VllmImportWatcher"
+    )  # the start-up hook's import watcher: our sitecustomize
+    site = {
+        "ours": ours,
+        "file": getattr(module, "__file__", None),
+        "chained": getattr(module, "chained", None),
+        "ahead": None,
+    }
+    if (
+        not ours
+        and site["file"]
+        and out["activated_by"] != "sitecustomize"
+        and not sys.flags.ignore_environment
+    ):
         copies = [os.path.join(e, "sitecustomize.py") for e in entries if os.path.isabs(e)]
         site["ahead"] = next((f for f in copies if os.path.isfile(f) and is_shim(f)), None)
 
@@ -121,28 +164,43 @@ def diagnose() -> dict[str, Any]:
         (problems if needed and not plugin["active"] else warnings).append(
             f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so ours does not run: "
             "start `dspark-hotfix run` inside the tool's wrapper, which puts ours first and chains theirs "
-            "(opentelemetry-instrument dspark-hotfix run -- COMMAND)")
+            "(opentelemetry-instrument dspark-hotfix run -- COMMAND)"
+        )
     elif needed and not (ours or plugin["active"]):
-        problems.append("no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix run`), "
-                        "or install the wheel where vLLM runs and allow it in VLLM_PLUGINS")
+        problems.append(
+            "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix run`), "
+            "or install the wheel where vLLM runs and allow it in VLLM_PLUGINS"
+        )
     relative = [e for e in dict.fromkeys(entries) if not os.path.isabs(e)]
     if relative:
-        warnings.append("PYTHONPATH has entries that depend on the working directory (an empty one is the working "
-                        "directory itself; `dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds "
-                        f"none when extending it): {', '.join(few(relative))}")
+        warnings.append(
+            "PYTHONPATH has entries that depend on the working directory (an empty one is the working "
+            "directory itself; `dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds "
+            f"none when extending it): {', '.join(few(relative))}"
+        )
 
     try:
         wrapt = importlib.metadata.version("wrapt")
     except importlib.metadata.PackageNotFoundError:
         wrapt = None  # where it cannot be imported either, every row says so
     if needed and wrapt and not wrapt_supported(wrapt):
-        problems.append(f"wrapt {wrapt} is not one the shim is tested with ({config.WRAPT_RANGE}): "
-                        "install e.g. wrapt==1.17.3")
+        problems.append(
+            f"wrapt {wrapt} is not one the shim is tested with ({config.WRAPT_RANGE}): "
+            "install e.g. wrapt==1.17.3"
+        )
     out.update(
-        python={"version": sys.version.split()[0], "executable": sys.executable,
-                **{key: bool(getattr(sys.flags, key)) for _, key in FLAGS}},
-        sitecustomize=site, plugin=plugin,
-        versions={"dspark_hotfix": dspark_hotfix.__version__, "wrapt": wrapt, "vllm": out.pop("vllm")},
+        python={
+            "version": sys.version.split()[0],
+            "executable": sys.executable,
+            **{key: bool(getattr(sys.flags, key)) for _, key in FLAGS},
+        },
+        sitecustomize=site,
+        plugin=plugin,
+        versions={
+            "dspark_hotfix": dspark_hotfix.__version__,
+            "wrapt": wrapt,
+            "vllm": out.pop("vllm"),
+        },
     )
     return finish(out, problems)
 
@@ -151,7 +209,11 @@ def shadowed(chained: dict[str, Any] | None) -> str:
     """What ours did with the sitecustomize it shadows."""
     if not chained:
         return "shadows none"
-    return f"chained one that failed: {chained['error']}" if "error" in chained else f"chained {chained['file']}"
+    return (
+        f"chained one that failed: {chained['error']}"
+        if "error" in chained
+        else f"chained {chained['file']}"
+    )
 
 
 def render(report: dict[str, Any]) -> str:
@@ -160,25 +222,42 @@ def render(report: dict[str, Any]) -> str:
     disabled = "" if report["enabled"] else f": {config.ENABLE} turns the shim off"
     lines = [f"activated by  {report['activated_by'] or 'nothing'}{disabled} (pid {report['pid']})"]
     if "sitecustomize" in report:
-        site, plugin, versions, python = (report[k] for k in ("sitecustomize", "plugin", "versions", "python"))
+        site, plugin, versions, python = (
+            report[k] for k in ("sitecustomize", "plugin", "versions", "python")
+        )
         off = [flag for flag, key in FLAGS if python[key]]
         lines += [
             f"python        {python['version']} ({python['executable']}); "
             f"flags that skip activation: {', '.join(off) or 'none'}",
-            f"sitecustomize ours ({site['file']}), {shadowed(site['chained'])}" if site["ours"] else
-            f"sitecustomize not ours ({site['file'] or 'none'})",
+            f"sitecustomize ours ({site['file']}), {shadowed(site['chained'])}"
+            if site["ours"]
+            else f"sitecustomize not ours ({site['file'] or 'none'})",
             f"vLLM plugin   entry point {'visible' if plugin['visible'] else 'not visible'}, "
-            + ("allowed" if plugin["allowed"] else f"not allowed by VLLM_PLUGINS={plugin['vllm_plugins']}"),
+            + (
+                "allowed"
+                if plugin["allowed"]
+                else f"not allowed by VLLM_PLUGINS={plugin['vllm_plugins']}"
+            ),
             f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, "
             f"dspark_hotfix {versions['dspark_hotfix']}",
         ]
-    lines += [f"patch         {row['name']}: {row['state']}: {row['detail']}" for row in report["patches"]]
+    lines += [
+        f"patch         {row['name']}: {row['state']}: {row['detail']}" for row in report["patches"]
+    ]
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     verdict = report["verdict"]
-    if verdict == "guarding":  # its patched rows are stops: each says what it stops, its step's first paragraph
-        said = {p.name: " ".join((p.arguments.__doc__ or "").split("\n\n")[0].split()).rstrip(".") for p in patches.ALL}
-        lines += [f"guards        {row['name']}: {said.get(row['name'])}; remove the shim where no deployment uses that"
-                  for row in report["patches"] if row["state"] == state.PATCHED]
+    if (
+        verdict == "guarding"
+    ):  # its patched rows are stops: each says what it stops, its step's first paragraph
+        said = {
+            p.name: " ".join((p.arguments.__doc__ or "").split("\n\n")[0].split()).rstrip(".")
+            for p in patches.ALL
+        }
+        lines += [
+            f"guards        {row['name']}: {said.get(row['name'])}; remove the shim where no deployment uses that"
+            for row in report["patches"]
+            if row["state"] == state.PATCHED
+        ]
     lines.append(f"verdict       {verdict}: {state.VERDICTS[verdict]} (exit {report['exit_code']})")
     return "\n".join(lines)

@@ -43,37 +43,64 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
         return
     try:
         with state.lock:
-            if _gauges is None:  # marked once made, and registered: an interrupt before leaves it to the next
+            if (
+                _gauges is None
+            ):  # marked once made, and registered: an interrupt before leaves it to the next
                 made = _make(module)
                 _at_scrape.args = (source, records)
-                module.REGISTRY.register(_at_scrape)  # (again after an interrupt: the same collector, no names)
+                module.REGISTRY.register(
+                    _at_scrape
+                )  # (again after an interrupt: the same collector, no names)
                 _gauges = made
             if not _gauges:
                 return
             info, states, needed = _gauges
-            info.labels(dspark_hotfix.__version__, source).set(1)  # a forked child's files start empty
+            info.labels(dspark_hotfix.__version__, source).set(
+                1
+            )  # a forked child's files start empty
             for record, row in zip(records, state.judge(records)["patches"], strict=True):
-                stop = str(record.patch.stops).lower()  # "true": a stop, which corrects nothing (see Patch.stops)
+                stop = str(
+                    record.patch.stops
+                ).lower()  # "true": a stop, which corrects nothing (see Patch.stops)
                 for word in state.STATES:
                     states.labels(row["name"], word, stop).set(int(word == row["state"]))
                 if row["state"] != state.PENDING:
-                    needed.labels(row["name"], stop).set(-1 if row["needed"] is None else int(row["needed"]))
+                    needed.labels(row["name"], stop).set(
+                        -1 if row["needed"] is None else int(row["needed"])
+                    )
     except Exception as exc:
         _gauges = ()  # said once, never retried
-        state.log(logging.WARNING, f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
-                                   "the patches are not affected")
+        state.log(
+            logging.WARNING,
+            f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
+            "the patches are not affected",
+        )
 
 
 def _make(module: Any) -> tuple[Any, ...]:
     # Per process (see above), and apart from any registry: the scrape-time collector serves them.
     apart = {"multiprocess_mode": "liveall", "registry": None}
     return (
-        module.Gauge("dspark_hotfix_info", "The dspark_hotfix shim is active in this process: its version and "
-                     "what activated it", ["version", "activated_by"], **apart),
-        module.Gauge("dspark_hotfix_patch_state", "1 for the patch's state in this process, 0 for each other "
-                     "state; stop: whether the patch is a stop", ["patch", "state", "stop"], **apart),
-        module.Gauge("dspark_hotfix_patch_needed", "Whether this vLLM needs the patch, once judged in this "
-                     "process: 1 yes, 0 no, -1 could not be judged", ["patch", "stop"], **apart),
+        module.Gauge(
+            "dspark_hotfix_info",
+            "The dspark_hotfix shim is active in this process: its version and what activated it",
+            ["version", "activated_by"],
+            **apart,
+        ),
+        module.Gauge(
+            "dspark_hotfix_patch_state",
+            "1 for the patch's state in this process, 0 for each other "
+            "state; stop: whether the patch is a stop",
+            ["patch", "state", "stop"],
+            **apart,
+        ),
+        module.Gauge(
+            "dspark_hotfix_patch_needed",
+            "Whether this vLLM needs the patch, once judged in this "
+            "process: 1 yes, 0 no, -1 could not be judged",
+            ["patch", "stop"],
+            **apart,
+        ),
     )
 
 
@@ -84,7 +111,9 @@ class _AtScrape:
     args: tuple[str, Iterable[state.Record]] = ("", ())
 
     def collect(self) -> list[Any]:
-        if not state.lock.locked():  # a scrape during a publish (or a state change) reads what it writes
+        if (
+            not state.lock.locked()
+        ):  # a scrape during a publish (or a state change) reads what it writes
             publish(*self.args)
         return [family for gauge in _gauges or () for family in gauge.collect()]
 

@@ -37,7 +37,17 @@ from typing import Any
 import dspark_hotfix
 from dspark_hotfix import HotfixError, config, metrics, patches, state
 from dspark_hotfix.patches import Finding, Patch
-from dspark_hotfix.state import DISABLED, EXCLUDED, FAILED, NOT_NEEDED, PATCHED, PENDING, UNDECIDED, Record, log
+from dspark_hotfix.state import (
+    DISABLED,
+    EXCLUDED,
+    FAILED,
+    NOT_NEEDED,
+    PATCHED,
+    PENDING,
+    UNDECIDED,
+    Record,
+    log,
+)
 
 
 class Unavailable(Exception):
@@ -55,17 +65,28 @@ class Activation:
         self.source, self.enabled = source, dspark_hotfix.enabled()
         self.said: tuple[Any, Any] = ("", None)  # the last line said, and where
         self.settings = config.settings()
-        self.records = {p.name: Record(p) for p in patches.ALL}  # the set in force when it activates
+        self.records = {
+            p.name: Record(p) for p in patches.ALL
+        }  # the set in force when it activates
         self.registering = threading.RLock()  # one thread registers, or decides, at a time
-        self.hooks = [(r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()]
-        self.hooks += [("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))] * \
-            self.enabled  # (the gauges)
-        for problem in [*self.settings.problems, *filter(None, [self.settings.warning])] if self.enabled else ():
+        self.hooks = [
+            (r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()
+        ]
+        self.hooks += [
+            ("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))
+        ] * self.enabled  # (the gauges)
+        for problem in (
+            [*self.settings.problems, *filter(None, [self.settings.warning])]
+            if self.enabled
+            else ()
+        ):
             log(logging.WARNING, problem)  # once in the process
 
 
 _active: Activation | None = None  # guarded by state.lock
-_stuck: set[str] = set()  # modules being imported when this process forked: their importer is not here
+_stuck: set[str] = (
+    set()
+)  # modules being imported when this process forked: their importer is not here
 
 
 def _after_fork_in_child() -> None:
@@ -74,9 +95,13 @@ def _after_fork_in_child() -> None:
     registration another thread had under way included); it completes the rest itself, but never
     waits for a module that was part-way imported at the fork: its importer is not in the child."""
     state.lock = threading.Lock()  # (the gauges' too)
-    if hasattr(importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"):  # wrapt's private name
+    if hasattr(
+        importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"
+    ):  # wrapt's private name
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    _stuck.update(list(sys.modules["importlib._bootstrap"]._module_locks))  # (a stuck one stays so: CPython's table)
+    _stuck.update(
+        list(sys.modules["importlib._bootstrap"]._module_locks)
+    )  # (a stuck one stays so: CPython's table)
     if _active is not None:
         _active.registering = threading.RLock()
         with contextlib.suppress(Exception):  # (said by the records it leaves pending)
@@ -103,9 +128,15 @@ def activate(source: str) -> None:
     for module in (m for m, _ in activation.hooks if m in locks and m not in _stuck):
         with contextlib.suppress(Exception):
             importlib.import_module(module)
-    with activation.registering:  # judged whole here: wrapt's at-once firing judges half of a module that
+    with (
+        activation.registering
+    ):  # judged whole here: wrapt's at-once firing judges half of a module that
         for r in activation.records.values():  # another thread puts in sys.modules meanwhile
-            if r.state == PENDING and r.patch.module in sys.modules and not state.running(r.patch.module):
+            if (
+                r.state == PENDING
+                and r.patch.module in sys.modules
+                and not state.running(r.patch.module)
+            ):
                 _decide(activation, r, sys.modules[r.patch.module])
     _import_everywhere(activation)
     _report(activation)
@@ -115,20 +146,38 @@ def _register(activation: Activation) -> None:
     try:
         import wrapt
 
-        if not any(finder is _finder for finder in sys.meta_path):  # (a wrapt without its chained loader fails here)
-            chained = wrapt.importer._ImportHookChainedLoader  # its specs copy and pickle (see the note below)
+        if not any(
+            finder is _finder for finder in sys.meta_path
+        ):  # (a wrapt without its chained loader fails here)
+            chained = (
+                wrapt.importer._ImportHookChainedLoader
+            )  # its specs copy and pickle (see the note below)
             chained.__copy__ = chained.__deepcopy__ = None
             chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
-            wrapt.register_post_import_hook(lambda module: None, __name__)  # ahead of wrapt's finder: wrapt's
+            wrapt.register_post_import_hook(
+                lambda module: None, __name__
+            )  # ahead of wrapt's finder: wrapt's
             sys.meta_path.insert(0, _finder)  # first registration puts it first
-        for module in (m for m, _ in activation.hooks if state.running(m)):  # its loader may be wrapt's or the
-            _arm(activation, module)  # start-up hook's, which run the hooks armed once the module has run
+        for module in (
+            m for m, _ in activation.hooks if state.running(m)
+        ):  # its loader may be wrapt's or the
+            _arm(
+                activation, module
+            )  # start-up hook's, which run the hooks armed once the module has run
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"  # said once; strict mode raises at every try
-        settled = [_set_state(activation, r, FAILED, None, why) for r in activation.records.values()]
+        settled = [
+            _set_state(activation, r, FAILED, None, why) for r in activation.records.values()
+        ]
         if any(settled) or activation.settings.strict:
-            _fail(activation, None, f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, "
-                                    f"or set {config.ENABLE}=0", cause=exc, unpatched=True)
+            _fail(
+                activation,
+                None,
+                f"not active: {why}; install wrapt ({config.WRAPT_RANGE}) into {sys.executable}, "
+                f"or set {config.ENABLE}=0",
+                cause=exc,
+                unpatched=True,
+            )
 
 
 # wrapt's private names, in _register, _after_fork_in_child, _find and _arm (tests/activation/test_wrapt_internals.py
@@ -141,7 +190,9 @@ def _register(activation: Activation) -> None:
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    _decide(activation, record, module)  # strict mode: HotfixError fails this import, and every retry (see _find)
+    _decide(
+        activation, record, module
+    )  # strict mode: HotfixError fails this import, and every retry (see _find)
     _import_everywhere(activation)
     _report(activation)
 
@@ -158,8 +209,10 @@ def _report(activation: Activation) -> None:
             said = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
             before, activation.said = activation.said, said if line else activation.said
         if line is not None and said != before:
-            log(logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
-                f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}")
+            log(
+                logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
+                f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}",
+            )
     except BaseException:  # an interrupt: not said, so the next report says it
         if activation.said is said:
             activation.said = before
@@ -173,11 +226,17 @@ def _import_everywhere(activation: Activation) -> None:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
     one verdict. Its hook then decides and reports; a module this vLLM lacks is judged here."""
     waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
-    if _finder in sys.meta_path and all(r.patch.everywhere for r in waiting):  # (the hooks in place)
-        for module in dict.fromkeys(r.patch.module for r in waiting if r.patch.module not in sys.modules):
+    if _finder in sys.meta_path and all(
+        r.patch.everywhere for r in waiting
+    ):  # (the hooks in place)
+        for module in dict.fromkeys(
+            r.patch.module for r in waiting if r.patch.module not in sys.modules
+        ):
             try:
                 importlib.import_module(module)
-            except ModuleNotFoundError as exc:  # this vLLM has no such module: judged so (see Patch.absent)
+            except (
+                ModuleNotFoundError
+            ) as exc:  # this vLLM has no such module: judged so (see Patch.absent)
                 for record in (r for r in waiting if r.patch.module == module == exc.name):
                     _decide(activation, record, None)
             except Exception:  # then it stays pending, and says what it waits for
@@ -195,29 +254,47 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
         needed, why = patch.probe(target[2])
         word = PATCHED if needed else NOT_NEEDED if needed is False else UNDECIDED
     except Absent as exc:
-        needed, why, word = (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED) if patch.absent else \
-            (None, str(exc), FAILED)
+        needed, why, word = (
+            (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED)
+            if patch.absent
+            else (None, str(exc), FAILED)
+        )
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
     settled = _set_state(activation, record, word, needed, why, target, module)
-    if settled in (FAILED, UNDECIDED):  # vLLM's function as shipped, where the shim cannot or may not tell
+    if settled in (
+        FAILED,
+        UNDECIDED,
+    ):  # vLLM's function as shipped, where the shim cannot or may not tell
         _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
 
 
-def _set_state(activation: Activation, record: Record, word: str, needed: bool | None, why: str,
-               target: tuple[Any, str, Any] | None = None, module: Any = None) -> str | None:
+def _set_state(
+    activation: Activation,
+    record: Record,
+    word: str,
+    needed: bool | None,
+    why: str,
+    target: tuple[Any, str, Any] | None = None,
+    module: Any = None,
+) -> str | None:
     """Record the one decision on ``record``, exactly once per module (an import cut short is retried
     on a new one), where the switches allow it; wrap vLLM's function if it is to be patched."""
     with state.lock:
-        if record.state != PENDING and module in (None, record.module):  # decided, on this very module
+        if record.state != PENDING and module in (
+            None,
+            record.module,
+        ):  # decided, on this very module
             return None
         if not activation.enabled:
             word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         record.needed, record.detail = needed, why
-        if word == PATCHED and target is not None:  # the state last: an interrupt before it leaves the
+        if (
+            word == PATCHED and target is not None
+        ):  # the state last: an interrupt before it leaves the
             owner, name, original = target  # wrapper, which the next decision settles
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
@@ -225,13 +302,22 @@ def _set_state(activation: Activation, record: Record, word: str, needed: bool |
         return word
 
 
-def _fail(activation: Activation, patch: Patch | None, message: str, *, stop: bool = False,
-          cause: BaseException | None = None, unpatched: bool = False) -> None:
+def _fail(
+    activation: Activation,
+    patch: Patch | None,
+    message: str,
+    *,
+    stop: bool = False,
+    cause: BaseException | None = None,
+    unpatched: bool = False,
+) -> None:
     """The one failure policy: say it and let vLLM run; in strict mode, or for a
     finding vLLM would not survive, stop it with the same words."""
     text = f"{patch.name}: {message}" if patch is not None else message
     if patch is not None and not stop:  # what helps with a patch that fails
-        text += f" (check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name})"
+        text += (
+            f" (check `dspark-hotfix doctor`, or exclude it with {config.PATCHES}=-{patch.name})"
+        )
     if stop or activation.settings.strict:
         raise HotfixError(text) from cause
     log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
@@ -254,14 +340,22 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
         return None
     importer, spec = sys.modules["wrapt.importer"], None  # (wrapt's private names: see above)
     hooked = any(module == fullname for module, _ in _active.hooks)
-    for finder in sys.meta_path[sys.meta_path.index(_finder) + 1:] if hooked and _finder in sys.meta_path else ():
+    for finder in (
+        sys.meta_path[sys.meta_path.index(_finder) + 1 :]
+        if hooked and _finder in sys.meta_path
+        else ()
+    ):
         if not isinstance(finder, importer.ImportHookFinder) and hasattr(finder, "find_spec"):
-            spec = finder.find_spec(fullname, path, target)  # (one that asks the meta path again guards itself,
+            spec = finder.find_spec(
+                fullname, path, target
+            )  # (one that asks the meta path again guards itself,
             if spec is not None:  # as wrapt's does: it would ask itself again too)
                 break
     if spec is not None and spec.loader is not None:
         _arm(_active, fullname)
-        spec.loader = importer._ImportHookChainedLoader(spec.loader)  # (only wrapt's finder, skipped, hands it)
+        spec.loader = importer._ImportHookChainedLoader(
+            spec.loader
+        )  # (only wrapt's finder, skipped, hands it)
     return spec
 
 
@@ -271,7 +365,9 @@ def _arm(activation: Activation, fullname: str) -> None:
     importer = sys.modules["wrapt.importer"]
     with importer._post_import_hooks_lock:
         armed = importer._post_import_hooks.setdefault(fullname, [])
-        armed.extend(h for m, h in activation.hooks if m == fullname and not any(each is h for each in armed))
+        armed.extend(
+            h for m, h in activation.hooks if m == fullname and not any(each is h for each in armed)
+        )
 
 
 _finder = types.SimpleNamespace(find_spec=_find)
@@ -283,18 +379,25 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     if module is None:
         raise Absent(f"this vLLM has no module {patch.module}")
     if function is None:
-        raise Absent(f"{owner.__name__} defines no {name}" if isinstance(owner, (type, types.ModuleType)) else
-                     f"{module.__name__} has no class {patch.qualname.rpartition('.')[0]}")
+        raise Absent(
+            f"{owner.__name__} defines no {name}"
+            if isinstance(owner, (type, types.ModuleType))
+            else f"{module.__name__} has no class {patch.qualname.rpartition('.')[0]}"
+        )
     if not inspect.isfunction(function):  # a staticmethod or another tool's proxy binds differently
         raise Unavailable(f"{patch.qualname} is a {type(function).__name__}, not a plain function")
     parameters = tuple(inspect.signature(function).parameters)
     if parameters != patch.parameters:
-        raise Unavailable(f"unexpected signature {patch.qualname}({', '.join(parameters)}); "
-                          f"expected ({', '.join(patch.parameters)})")
+        raise Unavailable(
+            f"unexpected signature {patch.qualname}({', '.join(parameters)}); "
+            f"expected ({', '.join(patch.parameters)})"
+        )
     return owner, name, function
 
 
-def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(
+    activation: Activation, record: Record, original: Callable[..., Any]
+) -> Callable[..., Any]:
     """vLLM's function, called with the arguments the patch's arguments step gives, its answer passed through
     the patch's correction."""
     patch = record.patch
@@ -315,8 +418,14 @@ def _wrap(activation: Activation, record: Record, original: Callable[..., Any]) 
     return patched
 
 
-def _run(activation: Activation, record: Record, default: Any, function: Callable[..., Any], *args: Any,
-         **kwargs: Any) -> Any:
+def _run(
+    activation: Activation,
+    record: Record,
+    default: Any,
+    function: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
     """The patch's own code under the failure policy: a finding stops vLLM; any other error is
     said (once, unless strict mode stops vLLM) and ``default``, what vLLM gave, is returned."""
     try:
@@ -324,12 +433,23 @@ def _run(activation: Activation, record: Record, default: Any, function: Callabl
     except Finding as exc:
         _fail(activation, record.patch, str(exc), stop=True)  # its own words say what helps
     except Exception as exc:
-        what, kept = ("arguments step", "arguments") if function is record.patch.arguments else ("correction", "result")
+        what, kept = (
+            ("arguments step", "arguments")
+            if function is record.patch.arguments
+            else ("correction", "result")
+        )
         if not record.raised or activation.settings.strict:
-            record.raised = f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own {kept} used)"
+            record.raised = (
+                f"its {what} raised {type(exc).__name__}: {exc} (vLLM's own {kept} used)"
+            )
             _report(activation)
-            _fail(activation, record.patch, f"{what} raised {type(exc).__name__}: {exc} in {record.patch.target}; "
-                                            f"vLLM's own {kept} used", cause=exc)
+            _fail(
+                activation,
+                record.patch,
+                f"{what} raised {type(exc).__name__}: {exc} in {record.patch.target}; "
+                f"vLLM's own {kept} used",
+                cause=exc,
+            )
     return default
 
 
@@ -340,13 +460,30 @@ def status() -> dict[str, Any]:
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     source: str | None = getattr(watcher, "source", None)
     if activation is not None:
-        records, source = list(activation.records.values()), activation.source if activation.enabled else None
+        records, source = (
+            list(activation.records.values()),
+            activation.source if activation.enabled else None,
+        )
     else:
         off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
-        records = [Record(p, PENDING, "waiting for vLLM to be imported") if watcher else Record(p, DISABLED, why)
-                   for p in patches.ALL]
-    report, settings = state.judge(records), activation.settings if activation else config.settings()
-    return {"schema": state.SCHEMA, "version": dspark_hotfix.__version__, "pid": os.getpid(), "activated_by": source,
-            "enabled": dspark_hotfix.enabled(), "strict": settings.strict, **report,
-            "exit_code": state.exit_code(report)}
+        records = [
+            Record(p, PENDING, "waiting for vLLM to be imported")
+            if watcher
+            else Record(p, DISABLED, why)
+            for p in patches.ALL
+        ]
+    report, settings = (
+        state.judge(records),
+        activation.settings if activation else config.settings(),
+    )
+    return {
+        "schema": state.SCHEMA,
+        "version": dspark_hotfix.__version__,
+        "pid": os.getpid(),
+        "activated_by": source,
+        "enabled": dspark_hotfix.enabled(),
+        "strict": settings.strict,
+        **report,
+        "exit_code": state.exit_code(report),
+    }

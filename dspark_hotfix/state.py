@@ -40,12 +40,16 @@ STATES = (PATCHED, RAISED, NOT_NEEDED, UNDECIDED, PENDING, EXCLUDED, FAILED, DIS
 VERDICTS = {
     "fixing": "this vLLM has a bug a patch corrects or repairs, and the shim does",
     "guarding": "this vLLM has the fix; the shim corrects nothing and only stops early, naming the cause, a setting "
-                "this vLLM would crash on (the patched row): remove it only where no deployment uses that setting",
+    "this vLLM would crash on (the patched row): remove it only where no deployment uses that setting",
     "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",
     "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
     "problem": "a patch this vLLM needs is not in place",
 }
-EXIT = {"fixing": 0, "guarding": 0, "removable": 3}  # any other verdict (any problem makes it "problem"): 1
+EXIT = {
+    "fixing": 0,
+    "guarding": 0,
+    "removable": 3,
+}  # any other verdict (any problem makes it "problem"): 1
 EXIT_CODES = """\
 exit status of status and doctor:
   0  fixing or guarding: the fix is active where this vLLM needs it
@@ -72,7 +76,11 @@ def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
     """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such one)."""
     owner_name, dot, name = qualname.rpartition(".")
     owner = getattr(module, owner_name, None) if dot else module
-    return owner, name, vars(owner).get(name) if isinstance(owner, (type, types.ModuleType)) else None
+    return (
+        owner,
+        name,
+        vars(owner).get(name) if isinstance(owner, (type, types.ModuleType)) else None,
+    )
 
 
 def running(module: str) -> bool:
@@ -98,21 +106,39 @@ def row(record: Record) -> dict[str, Any]:
     interrupt, an error) stands for nothing: the module's next import decides again."""
     state, detail = record.state, record.detail
     if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
-        state, detail = PENDING, f"waiting for {record.patch.module} (its last import did not complete)"
+        state, detail = (
+            PENDING,
+            f"waiting for {record.patch.module} (its last import did not complete)",
+        )
     elif state == PATCHED and not still_called(record):
-        state, detail = FAILED, (f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
-                                 "(its module reloaded?); restart the process")
+        state, detail = (
+            FAILED,
+            (
+                f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
+                "(its module reloaded?); restart the process"
+            ),
+        )
     elif state == PATCHED and record.raised:
         state, detail = RAISED, f"{detail}; {record.raised}"
-    return {"name": record.patch.name, "target": record.patch.target, "state": state, "needed": record.needed,
-            "calls": record.calls, "corrections": record.corrections, "detail": detail}
+    return {
+        "name": record.patch.name,
+        "target": record.patch.target,
+        "state": state,
+        "needed": record.needed,
+        "calls": record.calls,
+        "corrections": record.corrections,
+        "detail": detail,
+    }
 
 
 def problems(rows: list[dict[str, Any]]) -> list[str]:
     """What the rows say is wrong, one line each."""
     found = [f"{r['name']}: {r['detail']}" for r in rows if r["state"] in (FAILED, RAISED)]
-    found += [f"{r['name']} is needed but excluded by {config.PATCHES}" for r in rows
-              if r["state"] == EXCLUDED and r["needed"]]
+    found += [
+        f"{r['name']} is needed but excluded by {config.PATCHES}"
+        for r in rows
+        if r["state"] == EXCLUDED and r["needed"]
+    ]
     off = [r["name"] for r in rows if r["state"] == DISABLED and r["needed"]]
     if off:
         value = dspark_hotfix.shown(os.environ.get(config.ENABLE))
@@ -124,8 +150,11 @@ def verdict(records: list[Record], rows: list[dict[str, Any]], found: list[str])
     """The process word (see VERDICTS)."""
     if found:
         return "problem"
-    if any(each["state"] == UNDECIDED or (each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None)
-           for each in rows):
+    if any(
+        each["state"] == UNDECIDED
+        or (each["state"] in (PENDING, DISABLED, EXCLUDED) and each["needed"] is None)
+        for each in rows
+    ):
         return "undecided"
     patched = [r.patch for r, each in zip(records, rows, strict=True) if each["state"] == PATCHED]
     if any(not patch.stops for patch in patched):
@@ -150,9 +179,15 @@ def line(records: Iterable[Record]) -> str | None:
     judged = judge(records)
     if any(each["state"] == PENDING for each in judged["patches"]):
         return None
-    names = {state: [each["name"] for each in judged["patches"] if each["state"] == state] for state in STATES}
-    counts = [f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
-              for state, n in names.items() if n]
+    names = {
+        state: [each["name"] for each in judged["patches"] if each["state"] == state]
+        for state in STATES
+    }
+    counts = [
+        f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
+        for state, n in names.items()
+        if n
+    ]
     return f"{judged['verdict']}: {', '.join(counts)}"
 
 
@@ -163,7 +198,9 @@ _log.propagate = False
 _log.setLevel(logging.INFO)
 if not _log.handlers:
     _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    _handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S")
+    )
     _log.addHandler(_handler)
 
 

@@ -103,7 +103,10 @@ def entries(model, draft_stages: int | None) -> list[dict]:
         if base is None:
             continue
         dtype, shape = str(param.dtype).removeprefix("torch."), list(param.shape)
-        expert = re.match(r"(.*\.experts\.)(?:routed_experts\.)?(w13|w2)_(weight|weight_scale_inv|weight_scale)$", base)
+        expert = re.match(
+            r"(.*\.experts\.)(?:routed_experts\.)?(w13|w2)_(weight|weight_scale_inv|weight_scale)$",
+            base,
+        )
         if expert:
             prefix, which, kind = expert.groups()
             suffix = "weight" if kind == "weight" else "scale"
@@ -111,7 +114,13 @@ def entries(model, draft_stages: int | None) -> list[dict]:
             rows = shape[1] // len(shards)
             for e in range(shape[0]):
                 for shard in shards:
-                    out.append({"name": f"{prefix}{e}.{shard}.{suffix}", "shape": [rows, *shape[2:]], "dtype": dtype})
+                    out.append(
+                        {
+                            "name": f"{prefix}{e}.{shard}.{suffix}",
+                            "shape": [rows, *shape[2:]],
+                            "dtype": dtype,
+                        }
+                    )
             continue
         for fused, shards in STACKED:
             if f".{fused}." not in f".{base}":
@@ -123,7 +132,13 @@ def entries(model, draft_stages: int | None) -> list[dict]:
             if sum(sizes) != shape[0]:
                 raise ValueError(f"{name}: shards {sizes} do not add up to {shape}")
             for shard, rows in zip(shards, sizes, strict=True):
-                out.append({"name": base.replace(fused, shard), "shape": [rows, *shape[1:]], "dtype": dtype})
+                out.append(
+                    {
+                        "name": base.replace(fused, shard),
+                        "shape": [rows, *shape[1:]],
+                        "dtype": dtype,
+                    }
+                )
             break
         else:
             out.append({"name": base, "shape": shape, "dtype": dtype})
@@ -154,14 +169,19 @@ def vllm_tables(model_dir: Path, spec_tokens: int) -> dict:
     spec = config.speculative_config
     draft_config = replace(
         config,
-        attention_config=replace(config.attention_config, use_non_causal=True, backend=spec.attention_backend),
+        attention_config=replace(
+            config.attention_config, use_non_causal=True, backend=spec.attention_backend
+        ),
     )
     with set_current_vllm_config(config):
         init_distributed_environment(1, 0, f"file://{tempfile.mktemp()}", 0, "gloo")
         initialize_model_parallel(1, 1)
         with set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
             target = initialize_model(vllm_config=config)
-    with set_current_vllm_config(draft_config), set_default_torch_dtype(spec.draft_model_config.dtype):
+    with (
+        set_current_vllm_config(draft_config),
+        set_default_torch_dtype(spec.draft_model_config.dtype),
+    ):
         with torch.device("meta"):
             draft = initialize_model(vllm_config=draft_config, model_config=spec.draft_model_config)
     stages = len(draft.model.layers)
@@ -205,14 +225,22 @@ def flip(hidden: int, info: int) -> float:
 
 def info_dims(config: dict) -> int:
     """The sign dimensions: INFO, or fewer where the model's hidden or shared-expert width is smaller."""
-    return min(INFO, config["hidden_size"] // 4, config["moe_intermediate_size"] * config["n_shared_experts"])
+    return min(
+        INFO,
+        config["hidden_size"] // 4,
+        config["moe_intermediate_size"] * config["n_shared_experts"],
+    )
 
 
 def construct(config: dict, table: list[dict], stages: int, seed: int, device: str = "cpu") -> dict:
     """The float value of every tensor of ``table`` (weights before FP8; scales are made by ``quantize``)."""
     import torch
 
-    hidden, vocab, noise = config["hidden_size"], config["vocab_size"], config["dspark_noise_token_id"]
+    hidden, vocab, noise = (
+        config["hidden_size"],
+        config["vocab_size"],
+        config["dspark_noise_token_id"],
+    )
     info = info_dims(config)
     scale = flip(hidden, info)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -281,7 +309,9 @@ def quantize(weight):
     pad[:rows, :cols] = weight
     blocks = pad.view(pad.shape[0] // BLOCK, BLOCK, pad.shape[1] // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=(1, 3))
-    scale = torch.where(amax > 0, amax / torch.finfo(torch.float8_e4m3fn).max, torch.ones_like(amax))
+    scale = torch.where(
+        amax > 0, amax / torch.finfo(torch.float8_e4m3fn).max, torch.ones_like(amax)
+    )
     quant = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view_as(pad)[:rows, :cols]
     return quant.contiguous(), scale.float()
 
@@ -351,7 +381,12 @@ def write(args: argparse.Namespace) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     values = construct(config, table, tables["draft_stages"], args.seed, device)
     written = save(model_dir, tensors(table, values))
-    record = {**tables, "written": written, "seed": args.seed, "wall_s": round(time.monotonic() - started, 1)}
+    record = {
+        **tables,
+        "written": written,
+        "seed": args.seed,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
     record["figures"] = {
         "INFO": info_dims(config),
         "GATE": GATE,

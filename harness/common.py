@@ -26,7 +26,9 @@ EVIDENCE = REPO / "docs" / "evidence"
 def command_line(module: str, doc: str | None) -> tuple[argparse.ArgumentParser, Any]:
     """The parser of ``python3 -m harness.<module>`` and its steps (subcommands); each step sets ``func``."""
     parser = argparse.ArgumentParser(
-        prog=f"python3 -m harness.{module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python3 -m harness.{module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser, parser.add_subparsers(dest="step", required=True)
 
@@ -74,7 +76,9 @@ def sha256_file(path: Path) -> str:
 
 def keep_out_of_git(folder: Path) -> None:
     """A staging folder at the repository root that .gitignore does not cover goes into .git/info/exclude."""
-    probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False)
+    probe = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False
+    )
     if probe.returncode == 1:
         # a worktree's .git is a file: ask git where its exclude file is
         where = subprocess.run(
@@ -93,7 +97,9 @@ def query(*command: str) -> str | None:
     """What a tool of the machine (nvidia-smi, nvcc) prints, stripped; None where it is missing or prints nothing."""
     if shutil.which(command[0]) is None:
         return None
-    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
+    return (
+        subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or None
+    )
 
 
 # ----------------------------------------------------------------------------- one patch alone

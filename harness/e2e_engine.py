@@ -63,16 +63,22 @@ def engine(args: argparse.Namespace) -> int:
         digests = llm.collective_rpc(_draft_digests)[0]
         result["draft_digests"] = digests
         lines = "".join(f"{name} {digest}\n" for name, digest in sorted(digests.items()))
-        result["draft_digest"] = {"parameters": len(digests), "sha256": hashlib.sha256(lines.encode()).hexdigest()}
+        result["draft_digest"] = {
+            "parameters": len(digests),
+            "sha256": hashlib.sha256(lines.encode()).hexdigest(),
+        }
         result["worker_shim_status"] = llm.collective_rpc(_shim_status)[0]
         save()
     rng = random.Random(0)
     prompts = [
-        {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]} for _ in range(args.batch)
+        {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]}
+        for _ in range(args.batch)
     ]
 
     def params(max_tokens: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        return SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
+        )
 
     def generate(max_tokens: int) -> tuple[float, int, list[list[int]]]:
         t0 = time.perf_counter()
@@ -140,7 +146,9 @@ def _spec_metrics(llm) -> dict:
     values: dict = {}
     for metric in llm.get_metrics():
         name = getattr(metric, "name", "")
-        if not name.startswith(("vllm:spec_decode", "vllm:generation_tokens", "vllm:prompt_tokens")):
+        if not name.startswith(
+            ("vllm:spec_decode", "vllm:generation_tokens", "vllm:prompt_tokens")
+        ):
             continue
         if hasattr(metric, "values"):
             values[name] = list(metric.values)
@@ -150,7 +158,9 @@ def _spec_metrics(llm) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--result", required=True)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--spec-tokens", type=int, required=True)
@@ -159,7 +169,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--reps", type=int, required=True)
     parser.add_argument("--load-format", default="dummy")
-    parser.add_argument("--digests", action="store_true", help="each draft parameter's sha256 once loaded")
+    parser.add_argument(
+        "--digests", action="store_true", help="each draft parameter's sha256 once loaded"
+    )
     return engine(parser.parse_args())
 
 

@@ -91,7 +91,11 @@ REVERT = (
         "            kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),\n",
         "",
     ),
-    ("vllm/models/deepseek_v4/attention.py", "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n", ""),
+    (
+        "vllm/models/deepseek_v4/attention.py",
+        "            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),\n",
+        "",
+    ),
     (
         "vllm/models/deepseek_v4/nvidia/dspark.py",
         '        return f"model.layers.{stage}.{rest}"\n',
@@ -137,7 +141,9 @@ def _wheel_for(spec: str) -> Path:
     stem = re.sub(r"[-_.]+", "_", name).lower()
     for path in sorted(WHEELS.glob("*.whl")):
         parts = path.name.split("-")
-        if re.sub(r"[-_.]+", "_", parts[0]).lower() == stem and (not version or parts[1] == version):
+        if re.sub(r"[-_.]+", "_", parts[0]).lower() == stem and (
+            not version or parts[1] == version
+        ):
             return path
     _download(spec)
     return _wheel_for(spec)
@@ -201,7 +207,11 @@ def prepare(_: argparse.Namespace) -> int:
     print(f"{size / 2**20:.1f} MiB in {count} parts, sha256 {digest}")
     copy = "mkdir -p /tmp/dspark-e2e/parts && cp .e2e/p*/* /tmp/dspark-e2e/parts/"
     for index in range(count):
-        then = "python3 -m harness.e2e_h200 run" if index == count - 1 else "ls -l /tmp/dspark-e2e/parts"
+        then = (
+            "python3 -m harness.e2e_h200 run"
+            if index == count - 1
+            else "ls -l /tmp/dspark-e2e/parts"
+        )
         print(f"call {index}: carry ['.e2e/p{index}'], command: {copy} && {then}")
     return 0
 
@@ -273,7 +283,9 @@ def unpack(log) -> dict:
 def _log_run(log, command: list[str], check: bool = False, **kwargs) -> int:
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False, **kwargs).returncode
+    code = subprocess.run(
+        command, stdout=log, stderr=subprocess.STDOUT, check=False, **kwargs
+    ).returncode
     if check and code:
         raise SystemExit(f"failed ({code}): {' '.join(command[:4])} ...")
     return code
@@ -317,7 +329,9 @@ def variant_env(variant: str) -> dict[str, str]:
         shim = [str(REPO)] if variant == "tolerant-fixed" else []
         env["PYTHONPATH"] = os.pathsep.join([*shim, str(DEVICE_ROOT / "vllm-tol"), deps])
         env["DSPARK_HOTFIX"] = "1" if shim else "0"
-    elif one_patch(variant):  # the reverted copy with one patch alone, or all but one: one bug at a time
+    elif one_patch(
+        variant
+    ):  # the reverted copy with one patch alone, or all but one: one bug at a time
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DEVICE_ROOT / "vllm-rev"), deps])
         env.pop("DSPARK_HOTFIX", None)
         env["DSPARK_HOTFIX_PATCHES"] = str(one_patch(variant))
@@ -326,11 +340,22 @@ def variant_env(variant: str) -> dict[str, str]:
     return env
 
 
-def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float) -> dict:
+def run_engine(
+    out: Path, label: str, variant: str, args: argparse.Namespace, timeout: float
+) -> dict:
     result_file = out / f"{label}.json"
     log_file = out / f"{label}.log"
-    command = [sys.executable, str(ENGINE), "--result", str(result_file), "--model-dir", str(args.model_dir)]
-    command += ["--load-format", "auto" if args.real else "dummy"] + (["--digests"] if args.real else [])
+    command = [
+        sys.executable,
+        str(ENGINE),
+        "--result",
+        str(result_file),
+        "--model-dir",
+        str(args.model_dir),
+    ]
+    command += ["--load-format", "auto" if args.real else "dummy"] + (
+        ["--digests"] if args.real else []
+    )
     for option in ("spec_tokens", "batch", "prompt_len", "max_tokens", "reps"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     cache_files_before = sum(1 for _ in (DEVICE_ROOT / "cache").rglob("*"))
@@ -363,10 +388,16 @@ def run_engine(out: Path, label: str, variant: str, args: argparse.Namespace, ti
         }
     )
     common.write_json(result_file, data)
-    print(f"[{label}] exit {code} in {data['wall_s']} s; errors: {data['runtime_errors'][:2]}", flush=True)
+    print(
+        f"[{label}] exit {code} in {data['wall_s']} s; errors: {data['runtime_errors'][:2]}",
+        flush=True,
+    )
     if code != 0:
         tail = [line for line in text.splitlines() if line.strip()][-25:]
-        print(f"[{label}] last error: {data['last_error']}\n  " + "\n  ".join(t[:300] for t in tail), flush=True)
+        print(
+            f"[{label}] last error: {data['last_error']}\n  " + "\n  ".join(t[:300] for t in tail),
+            flush=True,
+        )
     return data
 
 
@@ -382,7 +413,11 @@ def _log_facts(text: str, exit_code: object) -> dict:
 
 def _shim_lines(text: str) -> list[str]:
     """The shim's own log lines: its logger's name in brackets, or the older ``dspark_hotfix[`` prefix."""
-    return [line for line in text.splitlines() if line.startswith("dspark_hotfix[") or "[dspark_hotfix]" in line][:40]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("dspark_hotfix[") or "[dspark_hotfix]" in line
+    ][:40]
 
 
 def _root_cause(text: str) -> str | None:
@@ -397,7 +432,11 @@ def _root_cause(text: str) -> str | None:
 
 
 def _last_error(text: str) -> str | None:
-    lines = [line for line in text.splitlines() if re.match(r"^(\S+Error|\S+Exception|Exception)\b.*:", line.strip())]
+    lines = [
+        line
+        for line in text.splitlines()
+        if re.match(r"^(\S+Error|\S+Exception|Exception)\b.*:", line.strip())
+    ]
     return lines[-1].strip() if lines else None
 
 
@@ -441,7 +480,10 @@ def run(args: argparse.Namespace) -> int:
     summary["preflight"] = preflight
     save()
     if preflight["failed"]:
-        print(f"preflight: {len(preflight['failed'])} imports failed: {preflight['failed']}", flush=True)
+        print(
+            f"preflight: {len(preflight['failed'])} imports failed: {preflight['failed']}",
+            flush=True,
+        )
         return 1
     try:
         return _phases(args, out, summary, save, remaining)
@@ -455,7 +497,14 @@ def write_checkpoint(args: argparse.Namespace, out: Path) -> dict:
     environment of unmodified vLLM 0.25.0: what it wrote, or why not."""
     record = args.model_dir / "checkpoint.json"
     if not record.is_file():
-        command = [sys.executable, "-m", "harness.checkpoint", "write", "--model-dir", str(args.model_dir)]
+        command = [
+            sys.executable,
+            "-m",
+            "harness.checkpoint",
+            "write",
+            "--model-dir",
+            str(args.model_dir),
+        ]
         command += ["--config", str(args.config), "--spec-tokens", str(args.spec_tokens)]
         with (out / "checkpoint.log").open("w") as log:
             code = _log_run(log, command, cwd=REPO, env=variant_env("baseline"), timeout=400)
@@ -465,7 +514,9 @@ def write_checkpoint(args: argparse.Namespace, out: Path) -> dict:
             raise SystemExit(f"checkpoint: exit {code}")
     data = json.loads(record.read_text())
     shutil.copy(record, out / "checkpoint.json")
-    return {k: data[k] for k in ("written", "draft_params", "draft_stages", "figures", "seed", "wall_s")}
+    return {
+        k: data[k] for k in ("written", "draft_params", "draft_stages", "figures", "seed", "wall_s")
+    }
 
 
 # What summary.json keeps of each engine run (its own JSON has the rest).
@@ -492,7 +543,13 @@ def _phases(args: argparse.Namespace, out: Path, summary: dict, save, remaining)
             summary.setdefault("skipped", []).append(variant)
             continue
         counter += 1
-        data = run_engine(out, f"{counter:02d}-{variant}", variant, args, timeout=min(args.phase_timeout, remaining()))
+        data = run_engine(
+            out,
+            f"{counter:02d}-{variant}",
+            variant,
+            args,
+            timeout=min(args.phase_timeout, remaining()),
+        )
         summary["runs"].append({k: data.get(k) for k in SUMMARY_FIELDS})
         save()
         missing = re.match(r"(ModuleNotFoundError|ImportError)\b", data.get("last_error") or "")
@@ -520,12 +577,16 @@ def _export_cache(final: Path) -> dict:
         return {"parts": 0, "bytes": len(data), "why": "too large or failed"}
     count = -(-len(data) // CACHE_PART)
     for index in range(count):
-        (final / f"cache.tar.xz.part{index}").write_bytes(data[index * CACHE_PART : (index + 1) * CACHE_PART])
+        (final / f"cache.tar.xz.part{index}").write_bytes(
+            data[index * CACHE_PART : (index + 1) * CACHE_PART]
+        )
     return {"parts": count, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _restore_cache() -> dict:
-    parts = sorted((DEVICE_ROOT / "cache-parts").glob("cache.tar.xz.part*"), key=lambda p: int(p.suffix[5:]))
+    parts = sorted(
+        (DEVICE_ROOT / "cache-parts").glob("cache.tar.xz.part*"), key=lambda p: int(p.suffix[5:])
+    )
     cache = DEVICE_ROOT / "cache"
     if not parts or (cache.is_dir() and any(cache.iterdir())):
         return {"parts": 0}
@@ -560,7 +621,9 @@ def _preflight(out: Path) -> dict:
     )
     started = time.monotonic()
     env = variant_env("fixed")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
     (out / "00-preflight.log").write_text(proc.stdout + proc.stderr)
     found = re.findall(r"^PREFLIGHT (.*)$", proc.stdout, re.MULTILINE)
     failed = json.loads(found[-1]) if found else [f"preflight exited {proc.returncode}"]
@@ -594,7 +657,9 @@ def collect(args: argparse.Namespace) -> int:
         for run_data in runs:
             log = results / f"{run_data.get('label')}.log"
             if log.is_file():
-                run_data.update(_log_facts(log.read_text(errors="replace"), run_data.get("exit_code")))
+                run_data.update(
+                    _log_facts(log.read_text(errors="replace"), run_data.get("exit_code"))
+                )
         sessions.append({"source": source, "summary": summary, "runs": runs})
     new = {session["source"] for session in sessions}
     data["sessions"] = [s for s in data.get("sessions", []) if s["source"] not in new] + sessions
@@ -620,13 +685,20 @@ def _ratio(runs: list[dict]) -> dict:
     work: dict[str, set[str]] = {"fixed": set(), "baseline": set()}
     for run_data in runs:
         variant = run_data.get("variant")
-        if variant not in rates or not run_data.get("cache_files_before") or not run_data.get("timed"):
+        if (
+            variant not in rates
+            or not run_data.get("cache_files_before")
+            or not run_data.get("timed")
+        ):
             continue
         rates[variant] += [t["output_tok_per_s"] for t in run_data["timed"]]
         if run_data.get("ok"):
             seen = {k: run_data[k] for k in ("spec_metrics_timed", "sample_output_token_ids")}
             work[variant].add(json.dumps(seen, sort_keys=True))
-    result: dict = {"rates": rates, "rate": "output tokens/s of one generate() call, prefill included"}
+    result: dict = {
+        "rates": rates,
+        "rate": "output tokens/s of one generate() call, prefill included",
+    }
     if not rates["fixed"] or not rates["baseline"]:
         return result
     fixed, base = statistics.median(rates["fixed"]), statistics.median(rates["baseline"])
@@ -644,9 +716,9 @@ def _ratio(runs: list[dict]) -> dict:
 
 def main() -> int:
     parser, steps = common.command_line("e2e_h200", __doc__)
-    steps.add_parser("prepare", help="pack vLLM, the reverted files and the wheels into .e2e/p*/").set_defaults(
-        func=prepare
-    )
+    steps.add_parser(
+        "prepare", help="pack vLLM, the reverted files and the wheels into .e2e/p*/"
+    ).set_defaults(func=prepare)
     on_gpu = steps.add_parser("run", help="on the GPU machine: unpack, then the engine phases")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
     on_gpu.add_argument(
@@ -656,11 +728,17 @@ def main() -> int:
     )
     on_gpu.add_argument("--budget", type=float, default=560.0, help="seconds for all phases")
     on_gpu.add_argument("--phase-timeout", type=float, default=420.0)
-    on_gpu.add_argument("--min-phase", type=float, default=75.0, help="start no phase with less time left")
+    on_gpu.add_argument(
+        "--min-phase", type=float, default=75.0, help="start no phase with less time left"
+    )
     on_gpu.add_argument("--stop-on-failure", action="store_true")
-    on_gpu.add_argument("--skip-preflight", action="store_true", help="the pack is one a preflight passed")
+    on_gpu.add_argument(
+        "--skip-preflight", action="store_true", help="the pack is one a preflight passed"
+    )
     on_gpu.add_argument("--config", default=str(MODEL_CONFIG), help="the model's config.json")
-    on_gpu.add_argument("--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy")
+    on_gpu.add_argument(
+        "--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy"
+    )
     # passed on to each engine child (harness/e2e_engine.py)
     on_gpu.add_argument("--spec-tokens", type=int, default=5)
     on_gpu.add_argument("--batch", type=int, default=32)
@@ -668,7 +746,9 @@ def main() -> int:
     on_gpu.add_argument("--max-tokens", type=int, default=128)
     on_gpu.add_argument("--reps", type=int, default=3)
     on_gpu.set_defaults(func=run)
-    back = steps.add_parser("collect", help="turn results (folders or archives) into docs/evidence/e2e-h200.json")
+    back = steps.add_parser(
+        "collect", help="turn results (folders or archives) into docs/evidence/e2e-h200.json"
+    )
     back.add_argument("results", nargs="+")
     back.set_defaults(func=collect)
     return common.run_step(parser)

@@ -31,7 +31,9 @@ from harness.common import EVIDENCE, REPO
 VLLM_VERSION = "0.25.0"
 WHEEL_MEMBER = "vllm/_flashmla_C.abi3.so"
 STAGE = REPO / ".gpu"
-WHEEL_CACHE = Path(os.environ.get("DSPARK_WHEEL_CACHE", Path.home() / ".cache" / "dspark-hotfix" / "wheels"))
+WHEEL_CACHE = Path(
+    os.environ.get("DSPARK_WHEEL_CACHE", Path.home() / ".cache" / "dspark-hotfix" / "wheels")
+)
 RESULTS_NAME = "gpu-h200.json"
 
 
@@ -93,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(line)
             log.write(line)
         code = process.wait()
-    data = json.loads(results.read_text()) if results.is_file() else {"environment": {}, "results": {}, "tests": {}}
+    data = (
+        json.loads(results.read_text())
+        if results.is_file()
+        else {"environment": {}, "results": {}, "tests": {}}
+    )
     data["run"] = {
         "command": "python3 -m harness.gpu_evidence run",
         "pytest": " ".join(command[1:]),
@@ -129,7 +135,12 @@ def collect(args: argparse.Namespace) -> int:
 
 
 def render(data: dict) -> str:
-    env, res, tests, run_info = data["environment"], data["results"], data["tests"], data.get("run", {})
+    env, res, tests, run_info = (
+        data["environment"],
+        data["results"],
+        data["tests"],
+        data.get("run", {}),
+    )
     outcomes = [t["outcome"] for t in tests.values()]
     lines = [
         "# GPU evidence: FlashMLA on the SWA KV layouts (NVIDIA H200)",
@@ -260,11 +271,15 @@ def render(data: dict) -> str:
 
 def main() -> int:
     parser, steps = common.command_line("gpu_evidence", __doc__)
-    steps.add_parser("prepare", help="extract FlashMLA from the vLLM wheel into .gpu/").set_defaults(func=prepare)
+    steps.add_parser(
+        "prepare", help="extract FlashMLA from the vLLM wheel into .gpu/"
+    ).set_defaults(func=prepare)
     on_gpu = steps.add_parser("run", help="on the GPU machine: run tests/gpu, write results")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
     on_gpu.set_defaults(func=run)
-    back = steps.add_parser("collect", help="turn a results folder into docs/evidence/gpu-h200.{json,md}")
+    back = steps.add_parser(
+        "collect", help="turn a results folder into docs/evidence/gpu-h200.{json,md}"
+    )
     back.add_argument("results")
     back.set_defaults(func=collect)
     return common.run_step(parser)

@@ -120,10 +120,24 @@ def prepare(_: argparse.Namespace) -> int:
         shutil.copy(e2e._wheel_for(spec), STAGE / "wheels")
     from scripts import dist  # (here only: the GPU machine never imports it)
 
-    with tempfile.TemporaryDirectory(prefix="dspark-hotfix-serve-") as tmp:  # HEAD's files, named as make dist names
-        tree = dist.commit_tree(Path(tmp) / "tree")  # them: a commit after a release is never the release
+    with tempfile.TemporaryDirectory(
+        prefix="dspark-hotfix-serve-"
+    ) as tmp:  # HEAD's files, named as make dist names
+        tree = dist.commit_tree(
+            Path(tmp) / "tree"
+        )  # them: a commit after a release is never the release
         version = dist.versioned(tree)
-        wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(STAGE / "project"), str(tree)]
+        wheel = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(STAGE / "project"),
+            str(tree),
+        ]
         subprocess.run(wheel, check=True)
     size = sum(p.stat().st_size for p in STAGE.rglob("*") if p.is_file())
     print(
@@ -143,7 +157,9 @@ def install(e2e, log) -> dict:
     serve_deps, shim_site, bin_dir = root / "serve-deps", root / "shim-site", root / "serve-bin"
     # the interpreter's own site directory: the servers run this interpreter (the `vllm` script below)
     hook = install_counts_hook(Path(sysconfig.get_paths()["purelib"]), root / "counts-hook")
-    if (root / KEPT).is_file() and (shim_site / "dspark_hotfix").is_dir():  # a kept server runs from it
+    if (root / KEPT).is_file() and (
+        shim_site / "dspark_hotfix"
+    ).is_dir():  # a kept server runs from it
         return {"kept": True, "counts_hook": str(hook)}
     if not (serve_deps / "uvicorn").is_dir():
         e2e._log_run(
@@ -160,7 +176,12 @@ def install(e2e, log) -> dict:
     project = sorted((carried / "project").glob("dspark_hotfix-*.whl"))
     e2e._log_run(
         log,
-        [sys.executable, *"-m pip install -q --no-index --no-deps --target".split(), str(shim_site), str(project[-1])],
+        [
+            sys.executable,
+            *"-m pip install -q --no-index --no-deps --target".split(),
+            str(shim_site),
+            str(project[-1]),
+        ],
         check=True,
     )
     # The `vllm` command as vLLM's wheel declares it (console_scripts: vllm.entrypoints.cli.main:main).
@@ -320,7 +341,9 @@ ONE_PATCH = ("vllm-rev", True, False, None)  # only-NAME, without-NAME: harness.
 def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
     """The environment and the command prefix of an arm; ``None``: the clients' (no vLLM tree, no shim)."""
     root = e2e.DEVICE_ROOT
-    tree, shim, launcher, switch = (ONE_PATCH if one_patch(arm) else ARMS[arm]) if arm else (None, False, False, None)
+    tree, shim, launcher, switch = (
+        (ONE_PATCH if one_patch(arm) else ARMS[arm]) if arm else (None, False, False, None)
+    )
     env = e2e.variant_env("baseline")  # the JIT caches, the sampler, CUDA_HOME: shared by every arm
     # Bytecode is written: every server runs three or more Pythons (API server, engine core, the
     # launcher's check) that would otherwise each compile all of vLLM's source again.
@@ -341,26 +364,54 @@ def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
         NVSHMEM_DISABLE_NVLS="1",
         VLLM_ALLREDUCE_USE_SYMM_MEM="0",
     )
-    env["PATH"] = os.pathsep.join([str(root / "serve-bin"), str(root / "shim-site" / "bin"), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join(
+        [str(root / "serve-bin"), str(root / "shim-site" / "bin"), env.get("PATH", "")]
+    )
     site = root / "deps"
     paths = [str(root / "shim-site")] if shim else []
     paths += [str(root / tree)] if tree else []
-    paths += [str(site), str(site / "nvidia_cutlass_dsl" / "python_packages"), str(root / "serve-deps")]
+    paths += [
+        str(site),
+        str(site / "nvidia_cutlass_dsl" / "python_packages"),
+        str(root / "serve-deps"),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env, ["dspark-hotfix", "run", "--"] if launcher else []
 
 
 def serve_command(
-    model_dir: Path, arm: str, port: int, tp: int, gpu_share: float, eager: bool = True, real: bool = False
+    model_dir: Path,
+    arm: str,
+    port: int,
+    tp: int,
+    gpu_share: float,
+    eager: bool = True,
+    real: bool = False,
 ) -> list[str]:
     """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short starts;
     ``real``: the model folder's weights (harness.checkpoint), not --load-format dummy."""
     command = ["vllm", "serve", str(model_dir), *([] if real else ["--load-format", "dummy"])]
     command += "--kv-cache-dtype fp8 --block-size 256".split()
-    command += ["--spec-method", "dspark", "--spec-tokens", str(SPEC_TOKENS), "--tensor-parallel-size", str(tp)]
+    command += [
+        "--spec-method",
+        "dspark",
+        "--spec-tokens",
+        str(SPEC_TOKENS),
+        "--tensor-parallel-size",
+        str(tp),
+    ]
     command += ["--enforce-eager"] if eager else []
     command += ["--max-model-len", "2048", "--max-num-seqs", str(BENCH["concurrency"])]
-    command += ["--gpu-memory-utilization", str(gpu_share), "--seed", "0", "--port", str(port), "--host", "127.0.0.1"]
+    command += [
+        "--gpu-memory-utilization",
+        str(gpu_share),
+        "--seed",
+        "0",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     command += ["--disable-custom-all-reduce"] if tp > 1 else []
     return [*command, "--disable-hybrid-kv-cache-manager"] if arm.endswith("-hma-off") else command
 
@@ -388,7 +439,10 @@ class Server:
         env["VLLM_DEEP_GEMM_WARMUP"] = args.deep_gemm_warmup
         env[COUNTS_ENV] = str(self.counts)
         real = getattr(args, "real", False) if real is None else real
-        self.command = [*prefix, *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager, real)]
+        self.command = [
+            *prefix,
+            *serve_command(args.model_dir, arm, port, args.tp, gpu_share, eager, real),
+        ]
         self.started = time.monotonic()
         self.log: Any = self.log_path.open("w")
         self.log.write(
@@ -396,7 +450,9 @@ class Server:
             f"# DSPARK_HOTFIX={env.get('DSPARK_HOTFIX')}\n"
         )
         self.log.flush()
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # its children inherit the cores
+        pin = (
+            (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        )  # its children inherit the cores
         self.proc: subprocess.Popen | None = subprocess.Popen(
             self.command,
             cwd="/tmp",
@@ -436,8 +492,17 @@ class Server:
     def attach(cls, kept: dict) -> Server:
         """A server an earlier call started and left running (--keep-servers)."""
         server = cls.__new__(cls)
-        server.label, server.arm, server.port, server.pgid = kept["label"], kept["arm"], kept["port"], kept["pgid"]
-        server.started, server.command, server.record = kept["started"], kept["command"], kept["record"]
+        server.label, server.arm, server.port, server.pgid = (
+            kept["label"],
+            kept["arm"],
+            kept["port"],
+            kept["pgid"],
+        )
+        server.started, server.command, server.record = (
+            kept["started"],
+            kept["command"],
+            kept["record"],
+        )
         server.log_path, server.counts = Path(kept["log"]), Path(kept["counts"])
         server.log, server.proc = None, None
         server.record["attached"] = True
@@ -463,12 +528,18 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                self.record.update(outcome="exited", exit_code=self.proc.returncode if self.proc else None)
+                self.record.update(
+                    outcome="exited", exit_code=self.proc.returncode if self.proc else None
+                )
                 break
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as reply:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/health", timeout=5
+                ) as reply:
                     if reply.status == 200:
-                        self.record.update(outcome="ready", ready_s=round(time.monotonic() - self.started, 1))
+                        self.record.update(
+                            outcome="ready", ready_s=round(time.monotonic() - self.started, 1)
+                        )
                         break
             except OSError:
                 pass
@@ -491,11 +562,16 @@ class Server:
         each one's hook answers a new label in the trigger file (COUNTS_HOOK)."""
         (self.counts / "trigger.tmp").write_text(label)
         (self.counts / "trigger.tmp").replace(self.counts / "trigger")
-        pids = {name.split()[1] for name in log_facts(self.log_path.read_text(errors="replace"))["processes"]}
+        pids = {
+            name.split()[1]
+            for name in log_facts(self.log_path.read_text(errors="replace"))["processes"]
+        }
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not pids <= set(read_counts(self.counts, label)):
             time.sleep(0.5)
-        time.sleep(1.0)  # a process the log does not name yet (a worker) answers within the hook's 0.5 s too
+        time.sleep(
+            1.0
+        )  # a process the log does not name yet (a worker) answers within the hook's 0.5 s too
         found = read_counts(self.counts, label)
         self.record.setdefault("shim_calls", {})[label] = found
         self.record.setdefault("metrics", {})[label] = scrape_metrics(self.port)
@@ -532,18 +608,28 @@ class Server:
 
 def log_facts(text: str) -> dict:
     """What a server's log says: its processes, the shim's lines (with their pids), the first error."""
-    names: dict[str, str] = {}  # pid -> the last name its lines carry (a worker: `Worker`, then `Worker_TP0`)
+    names: dict[
+        str, str
+    ] = {}  # pid -> the last name its lines carry (a worker: `Worker`, then `Worker_TP0`)
     for m in re.finditer(r"^\((\w+) pid=(\d+)\)", text, re.MULTILINE):
         names[m[2]] = m[1]
     processes = sorted(f"{name} {pid}" for pid, name in names.items())
-    shim = [line for line in text.splitlines() if "[dspark_hotfix]" in line or line.startswith("dspark_hotfix")]
+    shim = [
+        line
+        for line in text.splitlines()
+        if "[dspark_hotfix]" in line or line.startswith("dspark_hotfix")
+    ]
     summaries = [line for line in shim if re.search(r"dspark_hotfix \S+ \(pid \d+\) via ", line)]
     before_shutdown = text.split("[shutdown]")[0]  # stopping a server makes errors of its own
-    errors = re.findall(r"(?:^|\) |\] )((?:\w+\.)*\w*(?:Error|Exception): [^\n]*)", before_shutdown, re.MULTILINE)
+    errors = re.findall(
+        r"(?:^|\) |\] )((?:\w+\.)*\w*(?:Error|Exception): [^\n]*)", before_shutdown, re.MULTILINE
+    )
     return {
         "processes": processes,
         "shim_lines": shim[:40],
-        "shim_summary_pids": sorted({int(p) for line in summaries for p in re.findall(r"\(pid (\d+)\)", line)}),
+        "shim_summary_pids": sorted(
+            {int(p) for line in summaries for p in re.findall(r"\(pid (\d+)\)", line)}
+        ),
         "first_error": errors[0][:400] if errors else None,
         "reported_error": "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
         in text,
@@ -579,7 +665,15 @@ def probe(e2e, server: Server, out: Path) -> dict:
     target = out / f"{server.label}-probe.json"
     env, _ = arm_env(e2e, None)
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(server.port), str(target), json.dumps(prompts()), str(PROBE_TOKENS)],
+        [
+            sys.executable,
+            "-c",
+            PROBE,
+            str(server.port),
+            str(target),
+            json.dumps(prompts()),
+            str(PROBE_TOKENS),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -587,7 +681,10 @@ def probe(e2e, server: Server, out: Path) -> dict:
         check=False,
     )
     if proc.returncode or not target.is_file():
-        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+        return {
+            "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+            or [f"exit {proc.returncode}"]
+        }
     return json.loads(target.read_text())
 
 
@@ -713,7 +810,9 @@ def run(args: argparse.Namespace) -> int:
         summary["tokenizer"] = write_tokenizer(model_dir, config["vocab_size"])
         summary["model_config"] = config
         summary["setup_s"] = round(time.monotonic() - started, 1)
-        summary["gpu"] = common.query("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader")
+        summary["gpu"] = common.query(
+            "nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"
+        )
     args.model_dir = model_dir
     # The JIT caches first: the checkpoint's writer adds to them, and a cache folder that is not
     # empty is not restored (call 6 of the fourth session started cold, so: its DeepGEMM warm-up).
@@ -730,9 +829,21 @@ def run(args: argparse.Namespace) -> int:
                 continue
             counter += 1
             real = args.real and not args.arms_dummy
-            server = Server(e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args, args.gpu_share, real=real)
+            server = Server(
+                e2e,
+                out,
+                f"{counter:02d}-{arm}",
+                arm,
+                8100 + counter,
+                args,
+                args.gpu_share,
+                real=real,
+            )
             try:
-                if server.wait_ready(min(args.ready_timeout, deadline - time.monotonic() - 30)) == "ready":
+                if (
+                    server.wait_ready(min(args.ready_timeout, deadline - time.monotonic() - 30))
+                    == "ready"
+                ):
                     server.shim_calls("ready")
                     server.record["probe"] = probe(e2e, server, out)
                     server.shim_calls("after-probe")
@@ -783,11 +894,15 @@ def gpu_during(runs: list[dict], samples: str) -> None:
 KEPT = "bench-servers.json"  # in the device root: the bench servers a call left running (--keep-servers)
 
 
-def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: int, deadline: float) -> int:
+def _bench(
+    e2e, args, out: Path, summary: dict, save, arms: list[str], counter: int, deadline: float
+) -> int:
     servers: list[Server] = []
     cores = sorted(os.sched_getaffinity(0))
     client_cpus, server_cpus = (
-        cpu_sets(cores, len(arms)) if args.pin and len(cores) >= 2 + 2 * len(arms) else ([], [None] * len(arms))
+        cpu_sets(cores, len(arms))
+        if args.pin and len(cores) >= 2 + 2 * len(arms)
+        else ([], [None] * len(arms))
     )
     summary["cpus"] = {
         "cores": cores,
@@ -800,19 +915,34 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
     # CUDA graphs, as the report runs vLLM (calls 49 on); --bench-eager: --enforce-eager (calls 41 to 47)
     eager = args.bench_eager
     try:
-        if kept is not None:  # the servers an earlier call started: the same processes, their pairs numbered on
+        if (
+            kept is not None
+        ):  # the servers an earlier call started: the same processes, their pairs numbered on
             servers = [Server.attach(k) for k in kept["servers"]]
             summary["bench_servers"], first_rep = kept["id"], kept["reps_done"]
         else:
             summary["bench_servers"], first_rep = summary["started_utc"], 0
-            for arm, cpus in zip(arms, server_cpus, strict=True):  # each starts once the one before holds its KV
+            for arm, cpus in zip(
+                arms, server_cpus, strict=True
+            ):  # each starts once the one before holds its KV
                 # cache, so that their memory profiles do not count each other's allocations
                 if servers:
-                    servers[-1].wait_for("GPU KV cache size", min(args.ready_timeout, deadline - time.monotonic() - 60))
+                    servers[-1].wait_for(
+                        "GPU KV cache size",
+                        min(args.ready_timeout, deadline - time.monotonic() - 60),
+                    )
                 counter += 1
                 servers.append(
                     Server(
-                        e2e, out, f"{counter:02d}-{arm}", arm, 8100 + counter, args, args.bench_gpu_share, cpus, eager
+                        e2e,
+                        out,
+                        f"{counter:02d}-{arm}",
+                        arm,
+                        8100 + counter,
+                        args,
+                        args.bench_gpu_share,
+                        cpus,
+                        eager,
                     )
                 )
         for server in servers:
@@ -821,14 +951,24 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
             # a server an earlier call kept was still starting: it gets this call's whole budget (call 50
             # gave it --ready-timeout and stopped it while it captured CUDA graphs)
             left = deadline - time.monotonic() - 60
-            if server.wait_ready(left if server.record.get("attached") else min(args.ready_timeout, left)) != "ready":
+            if (
+                server.wait_ready(
+                    left if server.record.get("attached") else min(args.ready_timeout, left)
+                )
+                != "ready"
+            ):
                 summary["bench_result"] = f"{server.arm} not ready"
                 return counter
             server.shim_calls("ready")  # before any request: the start-up's calls
             server.record["probe"] = probe(e2e, server, out)
-        timed_left = deadline - time.monotonic() - 60 - 2 * min(args.reps, MIN_PAIRS) * TIMED_S_PER_RUN
+        timed_left = (
+            deadline - time.monotonic() - 60 - 2 * min(args.reps, MIN_PAIRS) * TIMED_S_PER_RUN
+        )
         plan = {
-            "arms": [{"arm": s.arm, "port": s.port, "log": str(s.log_path), "pgid": s.pgid} for s in servers],
+            "arms": [
+                {"arm": s.arm, "port": s.port, "log": str(s.log_path), "pgid": s.pgid}
+                for s in servers
+            ],
             "reps": args.reps,
             "max_warmups": args.max_warmups,
             "load": BENCH,
@@ -874,7 +1014,9 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
         gpu_during(summary["bench_runs"], (out / "gpu.csv").read_text(errors="replace"))
         summary["bench_ratio"] = bench_ratio(summary["bench_runs"])
         print("bench:", json.dumps(summary["bench_ratio"]), flush=True)
-        for server in servers:  # after every request of this call: what serving added to the start-up's calls
+        for server in (
+            servers
+        ):  # after every request of this call: what serving added to the start-up's calls
             server.shim_calls(f"after-{summary['started_utc']}")
         reps = [r["rep"] for r in summary["bench_runs"] if r["phase"] == "timed"]
         first_rep = max(reps, default=first_rep - 1) + 1
@@ -882,7 +1024,11 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
         if args.keep_servers and servers and all(s.alive() for s in servers):
             kept_path.write_text(
                 json.dumps(
-                    {"id": summary["bench_servers"], "reps_done": first_rep, "servers": [s.kept() for s in servers]},
+                    {
+                        "id": summary["bench_servers"],
+                        "reps_done": first_rep,
+                        "servers": [s.kept() for s in servers],
+                    },
                     indent=2,
                 )
             )
@@ -891,7 +1037,9 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
             kept_path.unlink(missing_ok=True)
             for server in servers:
                 server.stop()
-                if server.log_path.parent != out:  # started by an earlier call: its whole log travels with this one
+                if (
+                    server.log_path.parent != out
+                ):  # started by an earlier call: its whole log travels with this one
                     shutil.copy(server.log_path, out / server.log_path.name)
                 summary["servers"].append(server.record)
                 _print(server.record, server.log_path)
@@ -900,14 +1048,24 @@ def _bench(e2e, args, out: Path, summary: dict, save, arms: list[str], counter: 
 
 
 def _print(record: dict, log_path: Path | None = None) -> None:
-    keys = ("label", "outcome", "ready_s", "exit_code", "processes", "shim_summary_pids", "first_error")
+    keys = (
+        "label",
+        "outcome",
+        "ready_s",
+        "exit_code",
+        "processes",
+        "shim_summary_pids",
+        "first_error",
+    )
     print(json.dumps({k: record.get(k) for k in keys}), flush=True)
     if record.get("shim_calls"):
         print("  shim calls:", json.dumps(shim_calls(record)), flush=True)
     if record.get("metrics"):
         print("  /metrics:", json.dumps(record["metrics"])[:600], flush=True)
     if record.get("outcome") != "ready" and log_path is not None:
-        tail = [line[:300] for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-12:]
+        tail = [
+            line[:300] for line in log_path.read_text(errors="replace").splitlines() if line.strip()
+        ][-12:]
         print("  " + "\n  ".join(tail), flush=True)
     if record.get("probe"):
         print("  probe:", json.dumps(record["probe"])[:600], flush=True)
@@ -947,7 +1105,9 @@ def cpu_drift(args: argparse.Namespace) -> int:
     cores = [cpus[0] for cpus in servers] if all(servers) else available[:2]
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", DRIFT_CHILD, str(core), str(args.seconds)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", DRIFT_CHILD, str(core), str(args.seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for core in cores
     ]
@@ -961,7 +1121,9 @@ def cpu_drift(args: argparse.Namespace) -> int:
                 windows.setdefault(int((when - start) // args.window), []).append(took)
         rates.append([len(v) / sum(v) for _, v in sorted(windows.items())])
     n = min(len(r) for r in rates) - 1  # the last window is cut short
-    rates = [[round(x, 1) for x in r[:n]] for r in rates]  # as kept: the figures follow from what is kept
+    rates = [
+        [round(x, 1) for x in r[:n]] for r in rates
+    ]  # as kept: the figures follow from what is kept
     result = {"cores": cores, "window_s": args.window, "windows": n, **drift_figures(rates)}
     out = common.output_folder(args.out, ".")
     (out / "cpu-drift.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -980,7 +1142,11 @@ def _interval(ratios: list[float]) -> dict:
         return {"pairs": len(ratios)}
     mean = statistics.fmean(ratios)
     half = T95.get(len(ratios) - 1, 1.96) * statistics.stdev(ratios) / math.sqrt(len(ratios))
-    return {"pairs": len(ratios), "ratio": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)]}
+    return {
+        "pairs": len(ratios),
+        "ratio": round(mean, 4),
+        "ci95": [round(mean - half, 4), round(mean + half, 4)],
+    }
 
 
 MEDIANS = (
@@ -1000,7 +1166,11 @@ REFERENCES = ("baseline", "tolerant")
 
 
 def _spread(values: list[float]) -> float | None:
-    return round((max(values) - min(values)) / statistics.fmean(values), 4) if len(values) > 1 else None
+    return (
+        round((max(values) - min(values)) / statistics.fmean(values), 4)
+        if len(values) > 1
+        else None
+    )
 
 
 def _spec(run: dict) -> dict:
@@ -1016,7 +1186,9 @@ def bench_ratio(runs: list[dict]) -> dict:
     compiled a kernel while serving (its log says so) is counted in ``all`` and left out of
     ``clean``, the figure that decides: a compile stalls the whole batch for seconds.
     """
-    timed = [r for r in runs if r.get("phase") == "timed" and "output_throughput" in r.get("result", {})]
+    timed = [
+        r for r in runs if r.get("phase") == "timed" and "output_throughput" in r.get("result", {})
+    ]
     arms = sorted({r["arm"] for r in timed})
     reference = next((a for a in REFERENCES if a in arms), None)
     fixed = [a for a in arms if a != reference]
@@ -1028,27 +1200,40 @@ def bench_ratio(runs: list[dict]) -> dict:
     pairs = [(v[fixed[0]], v[reference]) for _, v in sorted(by_rep.items()) if len(v) == 2]
 
     def ratio(pair: tuple[dict, dict]) -> float:
-        return float(pair[0]["result"]["output_throughput"]) / float(pair[1]["result"]["output_throughput"])
+        return float(pair[0]["result"]["output_throughput"]) / float(
+            pair[1]["result"]["output_throughput"]
+        )
 
     clean = [p for p in pairs if not p[0].get("jit_compiles") and not p[1].get("jit_compiles")]
     per_arm = {arm: [r for r in timed if r["arm"] == arm] for arm in (fixed[0], reference)}
     extra = {}
-    if reference != "baseline":  # the cost of the bug: the reference's throughput over the fixed arm's
-        extra = {"reference_arm": reference, "clean_reference_over_fixed": _interval([1 / ratio(p) for p in clean])}
+    if (
+        reference != "baseline"
+    ):  # the cost of the bug: the reference's throughput over the fixed arm's
+        extra = {
+            "reference_arm": reference,
+            "clean_reference_over_fixed": _interval([1 / ratio(p) for p in clean]),
+        }
     return {
         "fixed_arm": fixed[0],
         **extra,
         "all": _interval([ratio(p) for p in pairs]),
         "clean": _interval([ratio(p) for p in clean]),
-        "output_throughput": {arm: [r["result"]["output_throughput"] for r in rs] for arm, rs in per_arm.items()},
+        "output_throughput": {
+            arm: [r["result"]["output_throughput"] for r in rs] for arm, rs in per_arm.items()
+        },
         "jit_compiles": {arm: [r.get("jit_compiles") for r in rs] for arm, rs in per_arm.items()},
         # (max - min) / mean of an arm's runs that compiled nothing: what one arm's own noise is
         "clean_spread": {
-            arm: _spread([r["result"]["output_throughput"] for r in rs if not r.get("jit_compiles")])
+            arm: _spread(
+                [r["result"]["output_throughput"] for r in rs if not r.get("jit_compiles")]
+            )
             for arm, rs in per_arm.items()
         },
         # the batches the scheduler made: equal in every run of one load, unless timing shaped them
-        "engine_steps": {arm: [r.get("cost", {}).get("engine_steps") for r in rs] for arm, rs in per_arm.items()},
+        "engine_steps": {
+            arm: [r.get("cost", {}).get("engine_steps") for r in rs] for arm, rs in per_arm.items()
+        },
         # vLLM's own figures per arm, the median over its timed runs
         "medians": {
             arm: {
@@ -1062,7 +1247,10 @@ def bench_ratio(runs: list[dict]) -> dict:
         "failed": sum(int(r["result"].get("failed", 0)) for r in timed),
         # the same prompts in both servers of a pair: the same drafts and accepted tokens, or the shim changed decoding
         "pairs_with_the_same_spec_decode": sum(_spec(a) == _spec(b) for a, b in pairs),
-        "completed": {arm: sorted({r["result"].get("completed") for r in rs}, key=str) for arm, rs in per_arm.items()},
+        "completed": {
+            arm: sorted({r["result"].get("completed") for r in rs}, key=str)
+            for arm, rs in per_arm.items()
+        },
         # what bounded the runs: the engine core's CPU seconds over the run's duration (1.0: one core
         # busy the whole run), the GPU's SM clock and power; [lowest, highest] over an arm's timed runs
         "bounds": {arm: _bounds(rs) for arm, rs in per_arm.items()},
@@ -1095,7 +1283,9 @@ def _bounds(runs: list[dict]) -> dict:
         "engine_core_cpu_share": span([round(x, 3) for x in shares]),
         "sm_mhz_min": span([g["sm_mhz_min"] for g in gpu]),
         "power_w_mean": span([g["power_w_mean"] for g in gpu]),
-        "host_steal": span([r["cost"]["host_steal"] for r in runs if "host_steal" in r.get("cost", {})]),
+        "host_steal": span(
+            [r["cost"]["host_steal"] for r in runs if "host_steal" in r.get("cost", {})]
+        ),
     }
 
 
@@ -1117,7 +1307,10 @@ def shim_calls(record: dict) -> dict | None:
 
     def added(reading: dict) -> dict[str, int]:  # per process with the shim: calls since ready
         return {
-            pid: sum(n - (ready.get(pid, {}).get("calls") or {}).get(patch, 0) for patch, n in p["calls"].items())
+            pid: sum(
+                n - (ready.get(pid, {}).get("calls") or {}).get(patch, 0)
+                for patch, n in p["calls"].items()
+            )
             for pid, p in reading.items()
             if p["calls"] is not None
         }
@@ -1130,7 +1323,9 @@ def shim_calls(record: dict) -> dict | None:
             label: sorted(pid for pid, p in reading.items() if p["calls"] is not None)
             for label, reading in readings.items()
         },
-        "activated_by": sorted({str(p["activated_by"]) for p in ready.values() if p["calls"] is not None}),
+        "activated_by": sorted(
+            {str(p["activated_by"]) for p in ready.values() if p["calls"] is not None}
+        ),
         "at_ready": total(ready),
         "added_after_ready": since,
         "serving_calls": sum(n for per_pid in since.values() for n in per_pid.values()),
@@ -1153,19 +1348,27 @@ def collect(args: argparse.Namespace) -> int:
     for given in args.results:
         source, _, path = given.rpartition("=")
         with tarfile.open(path) as tar:
-            files = {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+            files = {
+                Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()
+            }  # type: ignore[union-attr]
         summary = json.loads(files["summary.json"])
         summary.pop("unpack", None)
-        for server in summary.get("servers", []):  # what its log says, read again with this script's parser
+        for server in summary.get(
+            "servers", []
+        ):  # what its log says, read again with this script's parser
             server.update(log_facts(files[f"{server['label']}.log"].decode(errors="replace")))
         logs.mkdir(parents=True, exist_ok=True)
         for name, content in files.items():
             if name.endswith(".log") and name != "setup.log":
                 (logs / f"{source}-{name}").write_bytes(content)
-            if name.endswith(".prom"):  # the bench's raw /metrics scrapes, one file per arm (xz: 2% of the text)
+            if name.endswith(
+                ".prom"
+            ):  # the bench's raw /metrics scrapes, one file per arm (xz: 2% of the text)
                 METRICS.mkdir(parents=True, exist_ok=True)
                 (METRICS / f"{source}-{name}.xz").write_bytes(lzma.compress(content, preset=9))
-        sessions = [s for s in sessions if s["source"] != source] + [{"source": source, "summary": summary}]
+        sessions = [s for s in sessions if s["source"] != source] + [
+            {"source": source, "summary": summary}
+        ]
     data["sessions"] = sessions
     data["figures"] = figures(sessions)
     common.write_json(target, data)
@@ -1185,8 +1388,12 @@ def figures(sessions: list[dict]) -> dict:
         for s in session["summary"].get("servers", []):
             # CUDA graphs compute in another order than eager kernels, and the weights are dummy: the
             # greedy tokens differ, so graph servers are compared with each other
-            tp = f"tp{session['summary'].get('tp', 1)}" + ("" if "--enforce-eager" in s["command"] else "-cudagraph")
-            tp += "" if "dummy" in s["command"] else "-real"  # harness.checkpoint's weights: other texts
+            tp = f"tp{session['summary'].get('tp', 1)}" + (
+                "" if "--enforce-eager" in s["command"] else "-cudagraph"
+            )
+            tp += (
+                "" if "dummy" in s["command"] else "-real"
+            )  # harness.checkpoint's weights: other texts
             if shim_calls(s) is not None:
                 counts[f"{session['source']}-{s['label']}"] = {"arm": s["arm"], **shim_calls(s)}
             if s.get("metrics"):  # what /metrics showed of the shim, at each reading
@@ -1213,7 +1420,9 @@ def figures(sessions: list[dict]) -> dict:
                 served.setdefault(tp, {}).setdefault(s["arm"], set()).add(answer)
     same = {}
     for tp, arms in served.items():
-        if "baseline" not in arms:  # the silent form's arms (tolerant, tolerant-plugin) differ in acceptance
+        if (
+            "baseline" not in arms
+        ):  # the silent form's arms (tolerant, tolerant-plugin) differ in acceptance
             continue
         compared = [arm for arm in arms if arm.startswith("fixed")] + ["baseline"]
         same[tp] = (
@@ -1249,16 +1458,23 @@ def figures(sessions: list[dict]) -> dict:
 
 def main() -> int:
     parser, steps = common.command_line("serve_h200", __doc__)
-    steps.add_parser("prepare", help="the serve wheels and this project's wheel -> .e2e/serve/").set_defaults(
-        func=prepare
-    )
+    steps.add_parser(
+        "prepare", help="the serve wheels and this project's wheel -> .e2e/serve/"
+    ).set_defaults(func=prepare)
     on_gpu = steps.add_parser("run", help="on the GPU machine: the servers of --arms, then --bench")
     on_gpu.add_argument("--out", help="results folder (default: $OUT)")
-    on_gpu.add_argument("--arms", default="bug,fixed-launcher", help="servers started, probed and stopped in turn")
-    on_gpu.add_argument("--bench", default="", help="two servers side by side, e.g. baseline,fixed-plugin")
+    on_gpu.add_argument(
+        "--arms", default="bug,fixed-launcher", help="servers started, probed and stopped in turn"
+    )
+    on_gpu.add_argument(
+        "--bench", default="", help="two servers side by side, e.g. baseline,fixed-plugin"
+    )
     on_gpu.add_argument("--reps", type=int, default=8, help="timed benchmark runs per bench arm")
     on_gpu.add_argument(
-        "--max-warmups", type=int, default=6, help="untimed runs per bench server, until one compiles no kernel"
+        "--max-warmups",
+        type=int,
+        default=6,
+        help="untimed runs per bench server, until one compiles no kernel",
     )
     on_gpu.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size")
     on_gpu.add_argument(
@@ -1268,8 +1484,12 @@ def main() -> int:
         help="VLLM_DEEP_GEMM_WARMUP of every server: relax (vLLM's default) compiles DeepGEMM's "
         "kernels at start-up; skip compiles them while serving (calls 33 to 44)",
     )
-    on_gpu.add_argument("--gpu-share", type=float, default=0.5, help="--gpu-memory-utilization of an --arms server")
-    on_gpu.add_argument("--bench-gpu-share", type=float, default=0.4, help="the same, for each bench server")
+    on_gpu.add_argument(
+        "--gpu-share", type=float, default=0.5, help="--gpu-memory-utilization of an --arms server"
+    )
+    on_gpu.add_argument(
+        "--bench-gpu-share", type=float, default=0.4, help="the same, for each bench server"
+    )
     on_gpu.add_argument(
         "--bench-eager",
         action="store_true",
@@ -1281,7 +1501,9 @@ def main() -> int:
         help="leave the bench servers running for the next call (a machine stays warm 30 s)",
     )
     on_gpu.add_argument(
-        "--attach", action="store_true", help="bench the servers an earlier --keep-servers call left running, if any"
+        "--attach",
+        action="store_true",
+        help="bench the servers an earlier --keep-servers call left running, if any",
     )
     on_gpu.add_argument(
         "--no-pin",
@@ -1289,7 +1511,9 @@ def main() -> int:
         action="store_false",
         help="leave the bench servers and client on every core (calls 42 to 46 did)",
     )
-    on_gpu.add_argument("--budget", type=float, default=560.0, help="seconds for everything after set-up")
+    on_gpu.add_argument(
+        "--budget", type=float, default=560.0, help="seconds for everything after set-up"
+    )
     on_gpu.add_argument("--ready-timeout", type=float, default=360.0)
     on_gpu.add_argument(
         "--min-phase",
@@ -1298,7 +1522,9 @@ def main() -> int:
         help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)",
     )
     on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
-    on_gpu.add_argument("--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy")
+    on_gpu.add_argument(
+        "--real", action="store_true", help="harness.checkpoint's weights, not --load-format dummy"
+    )
     on_gpu.add_argument(
         "--arms-dummy",
         action="store_true",
@@ -1306,9 +1532,13 @@ def main() -> int:
         "the KV-cache warm-up and its reported error instead of the checkpoint's KeyError at load)",
     )
     on_gpu.set_defaults(func=run)
-    drift = steps.add_parser("cpu-drift", help="the speed of two cores, window by window, side by side")
+    drift = steps.add_parser(
+        "cpu-drift", help="the speed of two cores, window by window, side by side"
+    )
     drift.add_argument("--seconds", type=float, default=90.0)
-    drift.add_argument("--window", type=float, default=10.0, help="seconds per window (a bench run: about 10)")
+    drift.add_argument(
+        "--window", type=float, default=10.0, help="seconds per window (a bench run: about 10)"
+    )
     drift.add_argument("--out", help="folder for cpu-drift.json (default: $OUT)")
     drift.set_defaults(func=cpu_drift)
     back = steps.add_parser("collect", help="results.tgz files -> docs/evidence/serve-h200.json")

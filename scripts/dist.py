@@ -51,7 +51,9 @@ WRAPT_SHA256 = "7171ae35d2c33d326ac19dd8facb1e82e5fd04ef8c6c0e394d7af55a55051c22
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def source_date_epoch() -> int:
@@ -68,8 +70,10 @@ def versioned(tree: Path) -> str:
     release = re.search(r'^__version__ = "([^"]+)"$', source, re.MULTILINE)
     if release is None:
         raise SystemExit(f"dist: no __version__ line in {init}")
-    head, setter = git("rev-parse", "HEAD"), git("log", "-1", "--format=%H", "-G", "^__version__ = ", "--",
-                                                "dspark_hotfix/__init__.py")
+    head, setter = (
+        git("rev-parse", "HEAD"),
+        git("log", "-1", "--format=%H", "-G", "^__version__ = ", "--", "dspark_hotfix/__init__.py"),
+    )
     if head == setter:
         return release[1]
     version = f"{release[1]}.post{git('rev-list', '--count', f'{setter}..HEAD')}.dev0+g{head[:12]}"
@@ -87,8 +91,9 @@ def unpack(tar: tarfile.TarFile, dest: Path) -> None:
 
 def commit_tree(dest: Path) -> Path:
     """HEAD's files, as git stores them, in ``dest``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"], check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         unpack(tar, dest)
     return dest
@@ -96,10 +101,25 @@ def commit_tree(dest: Path) -> Path:
 
 def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", f"--{kind}", "--outdir", str(outdir),
-                           str(source)], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            f"--{kind}",
+            "--outdir",
+            str(outdir),
+            str(source),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise SystemExit(f"dist: building the {kind} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"dist: building the {kind} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     (built,) = outdir.glob("*.tar.gz" if kind == "sdist" else "*.whl")
     return built
 
@@ -112,7 +132,9 @@ def wrapt_wheel(outdir: Path) -> Path:
     if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
         data = fetched_wrapt()
         kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_name(f".{kept.name}.{os.getpid()}")  # another build may read it meanwhile
+        partial = kept.with_name(
+            f".{kept.name}.{os.getpid()}"
+        )  # another build may read it meanwhile
         partial.write_bytes(data)
         partial.replace(kept)
     (outdir / WRAPT_WHEEL).write_bytes(data)
@@ -122,17 +144,42 @@ def wrapt_wheel(outdir: Path) -> Path:
 def fetched_wrapt() -> bytes:
     version = WRAPT_WHEEL.split("-")[1]
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-wrapt-") as tmp:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-                               "--no-deps", "--only-binary=:all:", "--platform", "any", "--implementation", "py",
-                               "--abi", "none", "--python-version", "3.10", "--dest", tmp, f"wrapt=={version}"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "any",
+                "--implementation",
+                "py",
+                "--abi",
+                "none",
+                "--python-version",
+                "3.10",
+                "--dest",
+                tmp,
+                f"wrapt=={version}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         fetched = Path(tmp) / WRAPT_WHEEL
         if proc.returncode != 0 or not fetched.exists():
-            raise SystemExit(f"dist: could not fetch {WRAPT_WHEEL} (PIP_INDEX_URL names a mirror):\n"
-                             f"{proc.stderr[-3000:]}")
+            raise SystemExit(
+                f"dist: could not fetch {WRAPT_WHEEL} (PIP_INDEX_URL names a mirror):\n"
+                f"{proc.stderr[-3000:]}"
+            )
         data = fetched.read_bytes()
     if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
-        raise SystemExit(f"dist: {WRAPT_WHEEL} has sha256 {hashlib.sha256(data).hexdigest()}, not {WRAPT_SHA256}")
+        raise SystemExit(
+            f"dist: {WRAPT_WHEEL} has sha256 {hashlib.sha256(data).hexdigest()}, not {WRAPT_SHA256}"
+        )
     return data
 
 
@@ -181,8 +228,10 @@ def made(outdir: Path) -> int:
         wheel = build("wheel", tree, work / "wheel", epoch)
         final_wheel = outdir / wheel.name
         shutil.copyfile(wheel, final_wheel)
-    sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
-                   for p in sorted((final_sdist, final_wheel, wrapt_wheel(outdir)), key=lambda p: p.name))
+    sums = "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
+        for p in sorted((final_sdist, final_wheel, wrapt_wheel(outdir)), key=lambda p: p.name)
+    )
     (outdir / "SHA256SUMS").write_text(sums)
     sys.stdout.write(sums)
     return 0

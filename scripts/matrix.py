@@ -57,7 +57,9 @@ def states_of(line: str, names: list[str]) -> tuple[str, dict[str, str]]:
     verdict, _, rest = line.partition(": ")
     counted = sum(int(n) for n in re.findall(r"(\d+) \w+", rest))
     if counted != len(names):
-        raise SystemExit(f"{line!r} counts {counted} patches, the records {len(names)}: run make records")
+        raise SystemExit(
+            f"{line!r} counts {counted} patches, the records {len(names)}: run make records"
+        )
     states = dict.fromkeys(names, "not_needed")
     for state, named in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest):
         for name in filter(None, (n.strip() for n in named.split(","))):
@@ -69,8 +71,16 @@ def cpu_cell(arm: dict) -> str:
     if arm["outcome"] == "error":
         error = arm["error"]
         name = error["type"].rsplit(".", 1)[-1]
-        return f"stops: `{name}: {error['message'].split(':', 1)[0]}`" if name == "HotfixError" else f"`{name}`"
-    views = {layer["view"]["bytes_per_token"] for layer in arm["layers"].values() if layer["kind"] == "swa"}
+        return (
+            f"stops: `{name}: {error['message'].split(':', 1)[0]}`"
+            if name == "HotfixError"
+            else f"`{name}`"
+        )
+    views = {
+        layer["view"]["bytes_per_token"]
+        for layer in arm["layers"].values()
+        if layer["kind"] == "swa"
+    }
     return (
         "SWA view "
         + "/".join(str(v) for v in sorted(views))
@@ -81,8 +91,14 @@ def cpu_cell(arm: dict) -> str:
 
 def cards(serve: dict) -> dict[str, str]:
     """Each device call's card, as a short name ("H200", "H100"), from the GPU its summary recorded."""
-    return {ses["source"]: ses["summary"].get("gpu", "").removeprefix("NVIDIA ").split(",")[0].split(" ")[0]
-            for ses in serve["sessions"]}  # "NVIDIA H100 80GB HBM3, 81559 MiB" -> "H100"
+    return {
+        ses["source"]: ses["summary"]
+        .get("gpu", "")
+        .removeprefix("NVIDIA ")
+        .split(",")[0]
+        .split(" ")[0]
+        for ses in serve["sessions"]
+    }  # "NVIDIA H100 80GB HBM3, 81559 MiB" -> "H100"
 
 
 def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]:
@@ -97,7 +113,9 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
     cells: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     notes: list[str] = []
     for arm, servers in sorted(serve["figures"]["outcomes"].items()):
-        for s in servers if arm in H200_ARMS else ():  # (the real checkpoint's arms: their own tables)
+        for s in (
+            servers if arm in H200_ARMS else ()
+        ):  # (the real checkpoint's arms: their own tables)
             if s["reported_error"]:
                 what = "the reported error"
             elif s["outcome"] == "ready":
@@ -116,7 +134,10 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
     text = {
         key: "; ".join(
             f"{tp}: "
-            + ", ".join(f"{v} x{values.count(v)}" if values.count(v) > 1 else v for v in dict.fromkeys(values))
+            + ", ".join(
+                f"{v} x{values.count(v)}" if values.count(v) > 1 else v
+                for v in dict.fromkeys(values)
+            )
             for tp, values in tps.items()
         )
         for key, tps in cells.items()
@@ -140,7 +161,9 @@ def selected(run: dict) -> str:
     kept on and the ones it left off."""
     line = str(run["shim_lines"][0])
     on, off = (re.search(rf"\d+ {state} \(([^)]*)\)", line) for state in ("patched", "excluded"))
-    kept, left = ([f"`{name}`" for name in found[1].split(", ")] if found else [] for found in (on, off))
+    kept, left = (
+        [f"`{name}`" for name in found[1].split(", ")] if found else [] for found in (on, off)
+    )
     if kept and (not left or len(kept) <= len(left)):
         return f"on, {', '.join(kept)} alone"
     return f"on, without {', '.join(left)}"
@@ -154,9 +177,14 @@ def weight_rows() -> list[str]:
     for path in sorted((EVIDENCE / "checkpoint-h200").glob("call*/[0-9][0-9]-*.json")):
         run = json.loads(path.read_text())
         found.setdefault(run["variant"], []).append(run)
-    reference = next((r["draft_digests"] for r in found.get("baseline", []) if r.get("draft_digests")), {})
+    reference = next(
+        (r["draft_digests"] for r in found.get("baseline", []) if r.get("draft_digests")), {}
+    )
     rows = []
-    variants = {**WEIGHT_RUNS, **{v: (REVERTED, selected(found[v][0])) for v in sorted(found) if v not in WEIGHT_RUNS}}
+    variants = {
+        **WEIGHT_RUNS,
+        **{v: (REVERTED, selected(found[v][0])) for v in sorted(found) if v not in WEIGHT_RUNS},
+    }
     for variant, (build, shim) in variants.items():
         runs = found.get(variant, [])
         loaded = sorted({r["draft_params_loaded"] for r in runs if r.get("draft_params_loaded")})
@@ -164,9 +192,17 @@ def weight_rows() -> list[str]:
         load = [f"{'/'.join(map(str, loaded))} draft parameters"] if loaded else []
         load += [f"`{e}`" for e in errors]
         equal = sorted(
-            {sum(reference.get(n) == d for n, d in r["draft_digests"].items()) for r in runs if r.get("draft_digests")}
+            {
+                sum(reference.get(n) == d for n, d in r["draft_digests"].items())
+                for r in runs
+                if r.get("draft_digests")
+            }
         )
-        same = f"{'/'.join(map(str, equal))} of {len(reference)}" if equal and reference else "not measured"
+        same = (
+            f"{'/'.join(map(str, equal))} of {len(reference)}"
+            if equal and reference
+            else "not measured"
+        )
         accepted = []
         for run in runs:
             spec = run.get("spec_metrics_total") or {}
@@ -207,17 +243,32 @@ def weight_server_rows() -> list[str]:
         for run in runs:
             drafts = run["probe"]["spec_decode_metrics"]["vllm:spec_decode_num_drafts_total"]
             by_position = run["probe"]["accepted_by_position"]
-            accepted.append(", ".join(f"{by_position[str(k)] / drafts:.2f}" for k in sorted(map(int, by_position))))
-        states: dict[str, list[str]] = {}  # state -> its patches, from dspark_hotfix_patch_state's series at 1
-        for line in {line for run in runs for line in run["metrics"]["ready"] if line.endswith("} 1.0")}:
-            found_state = re.fullmatch(r'dspark_hotfix_patch_state\{patch="(\w+)",state="(\w+)"[^}]*\} 1.0', line)
+            accepted.append(
+                ", ".join(
+                    f"{by_position[str(k)] / drafts:.2f}" for k in sorted(map(int, by_position))
+                )
+            )
+        states: dict[
+            str, list[str]
+        ] = {}  # state -> its patches, from dspark_hotfix_patch_state's series at 1
+        for line in {
+            line for run in runs for line in run["metrics"]["ready"] if line.endswith("} 1.0")
+        }:
+            found_state = re.fullmatch(
+                r'dspark_hotfix_patch_state\{patch="(\w+)",state="(\w+)"[^}]*\} 1.0', line
+            )
             if found_state:
                 states.setdefault(found_state[2], []).append(found_state[1])
         # as the shim's line says them: the patched ones named where some are not
         named = {"patched"} if len(states) > 1 else set()
-        said = [f"{len(v)} {k}" + (f" ({', '.join(sorted(v))})" if k in named else "") for k, v in states.items()]
+        said = [
+            f"{len(v)} {k}" + (f" ({', '.join(sorted(v))})" if k in named else "")
+            for k, v in states.items()
+        ]
         cells = [build, shim, "/".join(same) or "not run", "; ".join(accepted) or "not measured"]
-        rows.append(f"| {' | '.join(cells)} | {', '.join(sorted(said, reverse=True)) or 'no series'} |")
+        rows.append(
+            f"| {' | '.join(cells)} | {', '.join(sorted(said, reverse=True)) or 'no series'} |"
+        )
     return rows
 
 
@@ -238,21 +289,38 @@ def bench_rows(serve: dict) -> list[str]:
             build, shim = WEIGHT_SERVERS[arm]
             got, by_position = bench["medians"][arm], bench["acceptance_by_position"][arm]
             compiled = bench["jit_compiles"][arm]
-            cells = [call, name, build, shim, str(len(bench["output_throughput"][arm])),
-                     f"{got['output_throughput']:,.0f}", f"{got['spec_decode_acceptance_rate']:.3f}%",
-                     ", ".join(f"{a:.2f}" for a in by_position), f"{got['mean_ttft_ms']:,.0f}",
-                     f"{got['median_itl_ms']:.1f}", f"{sum(n > 0 for n in compiled)} of {len(compiled)}"]
+            cells = [
+                call,
+                name,
+                build,
+                shim,
+                str(len(bench["output_throughput"][arm])),
+                f"{got['output_throughput']:,.0f}",
+                f"{got['spec_decode_acceptance_rate']:.3f}%",
+                ", ".join(f"{a:.2f}" for a in by_position),
+                f"{got['mean_ttft_ms']:,.0f}",
+                f"{got['median_itl_ms']:.1f}",
+                f"{sum(n > 0 for n in compiled)} of {len(compiled)}",
+            ]
             rows.append(f"| {' | '.join(cells)} |")
-        cost = bench["clean"]  # the fixed arm's output throughput over the reference's, pair by pair
+        cost = bench[
+            "clean"
+        ]  # the fixed arm's output throughput over the reference's, pair by pair
         if "ratio" in cost:
             low, high = cost["ci95"]
-            costs.append(f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over the "
-                         f"{cost['pairs']} pairs in which no run compiled")
+            costs.append(
+                f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over the "
+                f"{cost['pairs']} pairs in which no run compiled"
+            )
         else:
-            fixed, reference = (bench["medians"][arm]["output_throughput"] for arm in reversed(arms))
+            fixed, reference = (
+                bench["medians"][arm]["output_throughput"] for arm in reversed(arms)
+            )
             pairs = bench["all"]["pairs"]
-            costs.append(f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean measure: "
-                         f"{'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had a run that compiled")
+            costs.append(
+                f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean measure: "
+                f"{'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had a run that compiled"
+            )
     why = "The bug's cost, as the output throughput with the shim over without it (the same build, paired runs):"
     return [*rows, "", why, "", *costs]
 
@@ -269,7 +337,9 @@ def render() -> str:
         build = CPU_LABEL.get(label, label)
         recorded = {name: p["state"] for name, p in arms["with_shim"]["status"]["patches"].items()}
         if build in final and recorded != final[build][1]:
-            raise SystemExit(f"{build}: hybrid-off.json says {recorded}, lines.json {final[build][1]}")
+            raise SystemExit(
+                f"{build}: hybrid-off.json says {recorded}, lines.json {final[build][1]}"
+            )
     out = [
         "# Version matrix",
         "",
@@ -371,7 +441,10 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET.relative_to(ROOT)} is stale: run python scripts/matrix.py", file=sys.stderr)
+            print(
+                f"{TARGET.relative_to(ROOT)} is stale: run python scripts/matrix.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     TARGET.write_text(text)

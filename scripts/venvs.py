@@ -62,19 +62,27 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
     python = venv / "bin" / "python"
     stamp = venv / ".dspark-hotfix-ready"
     base = DEPENDENCIES_OF.get(version)
-    install = [f"vllm=={version}", *(["--no-deps"] if base else [*EXTRA, WRAPT.get(version, NEWEST_WRAPT)])]
+    install = [
+        f"vllm=={version}",
+        *(["--no-deps"] if base else [*EXTRA, WRAPT.get(version, NEWEST_WRAPT)]),
+    ]
     wanted = " ".join(install) + (f" over vllm=={base}" if base else "")
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         # The tier activates the shim from the checkout only: an installed copy
         # (its plugin entry point) left there by hand would blur what is tested.
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "dspark-hotfix"], capture_output=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "uninstall", "-q", "-y", "dspark-hotfix"],
+            capture_output=True,
+        )
         return python, 0.0
     start = time.monotonic()
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if base:
         base_python, _ = ensure_venv(base)
-        (site_packages(python) / f"dependencies-of-vllm-{base}.pth").write_text(f"{site_packages(base_python)}\n")
+        (site_packages(python) / f"dependencies-of-vllm-{base}.pth").write_text(
+            f"{site_packages(base_python)}\n"
+        )
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *install],
         capture_output=True,
@@ -86,8 +94,11 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
             + proc.stderr[-3000:]
         )
     if MISMATCHED.get(version):
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED[version]], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED[version]],
+            check=True,
+            capture_output=True,
+        )
     stamp.write_text(wanted)
     return python, time.monotonic() - start
 
@@ -95,4 +106,8 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
 def site_packages(python: Path) -> Path:
     """The site-packages directory of the venv of ``python``."""
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )

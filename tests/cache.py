@@ -38,9 +38,23 @@ def _pip_target(name: str, wanted: str) -> Path:
     stamp = target / ".dspark-hotfix-ready"
     if stamp.exists() and stamp.read_text() == wanted:
         return target
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           "--upgrade", "--target", str(target), *wanted.split()],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--upgrade",
+            "--target",
+            str(target),
+            *wanted.split(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode != 0:
         unavailable(f"could not install {wanted} from PyPI: {proc.stderr[-2000:]}")
     stamp.write_text(wanted)
@@ -49,6 +63,9 @@ def _pip_target(name: str, wanted: str) -> Path:
 
 def offline() -> tuple[str, ...]:
     """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--net", "true"]).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--net", "true"]).returncode != 0
+    ):
         unavailable("needs unshare --net (root) to run a command without a network")
     return ("unshare", "--net")

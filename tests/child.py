@@ -50,7 +50,10 @@ def print_status() -> None:
     import dspark_hotfix
 
     status = dspark_hotfix.status()
-    rows = {r["name"]: dict(r, activated_by=status["activated_by"], pid=status["pid"]) for r in status["patches"]}
+    rows = {
+        r["name"]: dict(r, activated_by=status["activated_by"], pid=status["pid"])
+        for r in status["patches"]
+    }
     print(json.dumps(rows))
 
 
@@ -170,7 +173,10 @@ def toy_calls() -> dict[str, object]:
 
     # As sys.modules holds them: a module imported by another thread while the package's import failed here
     # is no attribute of the package imported again (CPython's import, with or without the shim).
-    model, planner = importlib.import_module("vllm.toy_model"), importlib.import_module("vllm.toy_planner")
+    model, planner = (
+        importlib.import_module("vllm.toy_model"),
+        importlib.import_module("vllm.toy_planner"),
+    )
 
     def call(f: Any, *args: object) -> object:
         try:
@@ -178,9 +184,11 @@ def toy_calls() -> dict[str, object]:
         except Exception as exc:
             return type(exc).__name__
 
-    return {"greet": call(model.Greeter().greet, "ada"),
-            "plan": call(planner.plan, SimpleNamespace(compact=False), [1, 2]),
-            "compact": call(planner.plan, SimpleNamespace(compact=True), [1, 2])}
+    return {
+        "greet": call(model.Greeter().greet, "ada"),
+        "plan": call(planner.plan, SimpleNamespace(compact=False), [1, 2]),
+        "compact": call(planner.plan, SimpleNamespace(compact=True), [1, 2]),
+    }
 
 
 def states() -> dict[str, str]:
@@ -224,8 +232,13 @@ def wrap_depths() -> dict[str, int | None]:
     return {p.name: depth(target(p)) for p in ALL if p.module in sys.modules}
 
 
-def slow_import(module: str, thread: str, pause: float = 0.5, release: threading.Event | None = None,
-                then: str | None = None) -> threading.Event:
+def slow_import(
+    module: str,
+    thread: str,
+    pause: float = 0.5,
+    release: threading.Event | None = None,
+    then: str | None = None,
+) -> threading.Event:
     """Slow the import of ``module`` in the thread named ``thread``: that thread holds the module's import
     lock for ``pause`` seconds (or until ``release`` is set), then imports ``then`` (as the module's body
     would) before it runs the module; the Event returned is set when it starts to hold it."""
@@ -262,8 +275,13 @@ def slow_import(module: str, thread: str, pause: float = 0.5, release: threading
     return inside
 
 
-def interrupt_registry(at: int, function: str = "_decide", main_thread_only: bool = False, pause: float = 0.0,
-                       error: type[BaseException] = KeyboardInterrupt) -> threading.Event:
+def interrupt_registry(
+    at: int,
+    function: str = "_decide",
+    main_thread_only: bool = False,
+    pause: float = 0.0,
+    error: type[BaseException] = KeyboardInterrupt,
+) -> threading.Event:
     """The registry's ``function`` (a patch's decision, by default) raises KeyboardInterrupt (or ``error``) at its
     ``at``-th call, once (in the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C
     landing there. The Event returned is set just before."""
@@ -273,7 +291,9 @@ def interrupt_registry(at: int, function: str = "_decide", main_thread_only: boo
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         calls.append(args)
-        if len(calls) == at and (not main_thread_only or threading.current_thread() is threading.main_thread()):
+        if len(calls) == at and (
+            not main_thread_only or threading.current_thread() is threading.main_thread()
+        ):
             inside.set()
             time.sleep(pause)
             raise error
@@ -288,7 +308,12 @@ def as_started(status: int) -> None:
     written at exit by ``atexit``, and ``status`` as its exit status."""
     import __main__
 
-    seen = {"modules": sorted(sys.modules), "main": sorted(vars(__main__)), "argv": sys.argv, "stdin": sys.stdin.read()}
+    seen = {
+        "modules": sorted(sys.modules),
+        "main": sorted(vars(__main__)),
+        "argv": sys.argv,
+        "stdin": sys.stdin.read(),
+    }
     print(json.dumps(seen))
     import atexit
 

@@ -71,7 +71,9 @@ def run_python(
         timeout=120,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        raise AssertionError(
+            f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc
 
 
@@ -79,7 +81,10 @@ def last_json(stdout: str) -> Any:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def program(*steps: Callable[..., object] | functools.partial, helpers: tuple[Callable[..., object], ...] = ()) -> str:
+def program(
+    *steps: Callable[..., object] | functools.partial,
+    helpers: tuple[Callable[..., object], ...] = (),
+) -> str:
     """The ``-c`` code of a child that runs ``steps`` in order: each function's own source, then its call (a
     partial's arguments as their repr), its value printed as a JSON line where it returns one (``json``
     imported once it has returned). So the child needs nothing of the tests on its path, and ruff and mypy
@@ -90,9 +95,13 @@ def program(*steps: Callable[..., object] | functools.partial, helpers: tuple[Ca
     sources: dict[str, str] = {}
     calls, used = [], set()
     for step in (*steps, *helpers):
-        function, args = (step.func, step.args) if isinstance(step, functools.partial) else (step, ())
+        function, args = (
+            (step.func, step.args) if isinstance(step, functools.partial) else (step, ())
+        )
         source = bare(textwrap.dedent(inspect.getsource(function)))
-        assert sources.setdefault(function.__name__, source) == source, f"two steps named {function.__name__}"
+        assert sources.setdefault(function.__name__, source) == source, (
+            f"two steps named {function.__name__}"
+        )
         used |= globals_read(compile(source, function.__name__, "exec"))  # what the child will read
         if step in helpers:
             continue
@@ -100,7 +109,9 @@ def program(*steps: Callable[..., object] | functools.partial, helpers: tuple[Ca
         returns = function.__annotations__.get("return") not in ("None", None)
         calls.append(f"value = {call}; import json; print(json.dumps(value))" if returns else call)
     unknown = used - set(sources) - set(vars(builtins))
-    assert not unknown, f"a step reads its module's {sorted(unknown)}: import them in the step's body"
+    assert not unknown, (
+        f"a step reads its module's {sorted(unknown)}: import them in the step's body"
+    )
     return "\n".join([*sources.values(), *calls]) + "\n"
 
 
@@ -117,7 +128,9 @@ def bare(source: str) -> str:
 
 def globals_read(code: types.CodeType) -> set[str]:
     """The global names ``code`` (and the functions and comprehensions inside it) reads."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names = {
+        i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+    }
     for inner in code.co_consts:
         if isinstance(inner, types.CodeType):
             names |= globals_read(inner)
@@ -145,7 +158,9 @@ class Shim:
     def lines(self, level: str = "INFO") -> list[str]:
         """The shim's log lines of ``level`` so far, without level and timestamp, its state lines aside
         (``summaries``)."""
-        return [line for line in log_lines(self.log.getvalue(), level) if not STATE_LINE.match(line)]
+        return [
+            line for line in log_lines(self.log.getvalue(), level) if not STATE_LINE.match(line)
+        ]
 
     def summaries(self) -> list[str]:
         return summary_lines(self.log.getvalue())
@@ -191,7 +206,9 @@ def shim(monkeypatch, tmp_path):
 
     for name in [k for k in os.environ if k.startswith("DSPARK_HOTFIX")]:
         monkeypatch.delenv(name)
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # `status` drops it from os.environ
+    monkeypatch.delenv(
+        "PROMETHEUS_MULTIPROC_DIR", raising=False
+    )  # `status` drops it from os.environ
     forget()  # a build another test left would shadow this one
     meta_path, log = list(sys.meta_path), io.StringIO()
     stream = state._handler.setStream(log)
@@ -200,7 +217,11 @@ def shim(monkeypatch, tmp_path):
     def build(patches, edits=None, remove=()) -> Shim:
         assert not built, "one stand-in build per test"
         monkeypatch.setattr(dspark_hotfix.patches, "ALL", tuple(patches))
-        root = edited_standin(tmp_path / "standin", edits or {}, remove) if edits or remove else STANDIN
+        root = (
+            edited_standin(tmp_path / "standin", edits or {}, remove)
+            if edits or remove
+            else STANDIN
+        )
         monkeypatch.syspath_prepend(str(root))
         built.append(Shim(log, root))
         return built[0]
@@ -209,7 +230,9 @@ def shim(monkeypatch, tmp_path):
         yield build
     finally:
         state._handler.setStream(stream)
-        sys.meta_path[:] = [f for f in sys.meta_path if f in meta_path or type(f).__name__ == "ImportHookFinder"]
+        sys.meta_path[:] = [
+            f for f in sys.meta_path if f in meta_path or type(f).__name__ == "ImportHookFinder"
+        ]
         forget()
 
 
@@ -240,11 +263,24 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
     """The project's wheel, built once per run the way pip builds it."""
+
     def build(out: Path) -> None:
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
-             "-w", str(out), str(REPO)],
-            check=True, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-w",
+                str(out),
+                str(REPO),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         )
 
     (built,) = built_once(tmp_path_factory, "wheel", build).glob("dspark_hotfix-*.whl")
@@ -253,13 +289,18 @@ def wheel(tmp_path_factory) -> Path:
 
 # Helpers of the subprocess tests in every folder (activation, switches, reporting, security).
 
-STATE_LINE = re.compile(r"dspark_hotfix \S+ \(pid \d+\) via ")  # a state line, without level and timestamp
+STATE_LINE = re.compile(
+    r"dspark_hotfix \S+ \(pid \d+\) via "
+)  # a state line, without level and timestamp
 
 
 def log_lines(stderr: str, *levels: str) -> list[str]:
     """The shim's log lines of ``levels``, each without its level and timestamp; in their order."""
-    return [line.split("[dspark_hotfix] ", 1)[1] for line in stderr.splitlines()
-            if line.startswith(tuple(f"{level} " for level in levels)) and "[dspark_hotfix] " in line]
+    return [
+        line.split("[dspark_hotfix] ", 1)[1]
+        for line in stderr.splitlines()
+        if line.startswith(tuple(f"{level} " for level in levels)) and "[dspark_hotfix] " in line
+    ]
 
 
 def warning_lines(stderr: str) -> list[str]:
@@ -290,7 +331,9 @@ def json_lines(stdout: str) -> list[Any]:
     return values
 
 
-def edited_standin(root: Path, edits: dict[str, list[tuple[str, str]]], remove: tuple[str, ...] = ()) -> Path:
+def edited_standin(
+    root: Path, edits: dict[str, list[tuple[str, str]]], remove: tuple[str, ...] = ()
+) -> Path:
     """A copy of the stand-in build at ``root`` with textual edits.
 
     ``edits`` maps a path inside the copy (or ``"*"``: every ``.py`` file) to
@@ -327,25 +370,36 @@ def copy_of_shim(root: Path) -> Path:
     """The shim as an operator deploys it from a checkout: ``dspark_hotfix/`` and ``sitecustomize.py``."""
 
     root.mkdir(parents=True)
-    shutil.copytree(REPO / "dspark_hotfix", root / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "sitecustomize.py", root / "sitecustomize.py")  # the link's target, as a file
+    shutil.copytree(
+        REPO / "dspark_hotfix", root / "dspark_hotfix", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(
+        REPO / "sitecustomize.py", root / "sitecustomize.py"
+    )  # the link's target, as a file
     return root
 
 
-def run_in_env(argv: list[str], env: dict[str, str], cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
+def run_in_env(
+    argv: list[str], env: dict[str, str], cwd: Path | str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
-    return subprocess.run(argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120
+    )
 
 
 # The wheel installed in a fresh venv, as an image would install it (both activation paths,
 # doctor, the launcher and packaging use it).
 
-IMAGE_CUSTOMISATION = program(functools.partial(child_steps.set_environ, "IMAGE_SITECUSTOMIZE", "ran"))
+IMAGE_CUSTOMISATION = program(
+    functools.partial(child_steps.set_environ, "IMAGE_SITECUSTOMIZE", "ran")
+)
 
 
 @pytest.fixture(scope="session")
 def bare_venv(tmp_path_factory) -> Path:
     """A venv without pip, wrapt or the shim, built once per run; read only."""
+
     def build(root: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
 
@@ -355,29 +409,50 @@ def bare_venv(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory, wheel) -> dict:
     """A venv with the wheel installed and an image's own sitecustomize, built once per run; read only."""
+
     def build(root: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-        purelib = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
+        purelib = Path(
+            sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"]
+        )
         # The image's own customisation, as Debian and Ubuntu Pythons ship one.
         (purelib / "sitecustomize.py").write_text(IMAGE_CUSTOMISATION)
         proc = subprocess.run(
-            [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-            capture_output=True, text=True,
+            [
+                str(root / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                str(wheel),
+            ],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr
 
     root = built_once(tmp_path_factory, "venv", build)
     purelib = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
-    return {"root": root, "python": root / "bin" / "python", "bin": root / "bin", "purelib": purelib}
+    return {
+        "root": root,
+        "python": root / "bin" / "python",
+        "bin": root / "bin",
+        "purelib": purelib,
+    }
 
 
-def run_in_venv(venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str):
+def run_in_venv(
+    venv: dict, code: str | None = None, args: tuple = (), path: tuple = (), **env: str
+):
     full = clean_env(**env)
     full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
     if path:
         full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
     command = [str(venv["python"]), "-c", code] if code is not None else list(args)
-    return subprocess.run(command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
+    return subprocess.run(
+        command, env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"])
+    )
 
 
 def startup_dir(venv: dict) -> Path:
@@ -389,29 +464,44 @@ def startup_dir(venv: dict) -> Path:
 CHILD_TIMEOUT = 20  # seconds: the backstop, should faulthandler not end it
 
 
-def call_in_child(function: Callable[..., None], *args: object, stand_in_alone: bool = False,
-                  env: dict[str, str] | None = None, timeout: float = CHILD_TIMEOUT,
-                  ) -> subprocess.CompletedProcess[str]:
+def call_in_child(
+    function: Callable[..., None],
+    *args: object,
+    stand_in_alone: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT,
+) -> subprocess.CompletedProcess[str]:
     """``function(*args)`` (``args`` as JSON) in a fresh process (:func:`in_fresh_process`): the repository
     first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone (no start-up
     hook; the repository goes last, so the shim is imported only where the child asks). The function's
     module must import only the standard library at its top."""
-    return in_fresh_process(code_calling(function, stand_in_alone), json.dumps(args),
-                            path=(STANDIN,) if stand_in_alone else (REPO, STANDIN), env=env, timeout=timeout)
+    return in_fresh_process(
+        code_calling(function, stand_in_alone),
+        json.dumps(args),
+        path=(STANDIN,) if stand_in_alone else (REPO, STANDIN),
+        env=env,
+        timeout=timeout,
+    )
 
 
 def code_calling(function: Callable[..., None], stand_in_alone: bool = False) -> str:
     """The ``-c`` code of :func:`call_in_child`: ``function`` called with the arguments in ``sys.argv[1]``."""
-    code = (f"import json, sys; from {function.__module__} import {function.__name__} as f; "
-            "f(*json.loads(sys.argv[1]))")
+    code = (
+        f"import json, sys; from {function.__module__} import {function.__name__} as f; "
+        "f(*json.loads(sys.argv[1]))"
+    )
     if stand_in_alone:
         code = f"import sys; sys.path.append({str(REPO)!r}); " + code
     return code
 
 
-def in_fresh_process(code: str, *argv: str, path: tuple[Path, ...] = (REPO, STANDIN),
-                     env: dict[str, str] | None = None, timeout: float = CHILD_TIMEOUT,
-                     ) -> subprocess.CompletedProcess[str]:
+def in_fresh_process(
+    code: str,
+    *argv: str,
+    path: tuple[Path, ...] = (REPO, STANDIN),
+    env: dict[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT,
+) -> subprocess.CompletedProcess[str]:
     """``python -c code *argv`` as :func:`child` runs it, for what comes after interpreter start: forked from
     a :mod:`tests.zygote` started once per path and environment in this pytest process (the start-up hook
     ran in it, as at any start). Where that start wrote anything, a fresh interpreter runs it instead, so
@@ -422,7 +512,9 @@ def in_fresh_process(code: str, *argv: str, path: tuple[Path, ...] = (REPO, STAN
     return forked(server, code, list(argv), timeout)
 
 
-ZYGOTES: dict[tuple, subprocess.Popen[bytes] | None] = {}  # (path, environment): its server, or None
+ZYGOTES: dict[
+    tuple, subprocess.Popen[bytes] | None
+] = {}  # (path, environment): its server, or None
 
 
 def zygote(path: tuple[Path, ...], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
@@ -434,8 +526,14 @@ def zygote(path: tuple[Path, ...], env: dict[str, str]) -> subprocess.Popen[byte
         full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
         source = (REPO / "tests" / "zygote.py").read_text()
         with tempfile.TemporaryFile() as said:
-            server = subprocess.Popen([sys.executable, "-c", source], env=full, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=said, bufsize=0)
+            server = subprocess.Popen(
+                [sys.executable, "-c", source],
+                env=full,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=said,
+                bufsize=0,
+            )
             ready = reply(server, CHILD_TIMEOUT)
             said.seek(0)
             if ready != "ready" or said.read():
@@ -458,8 +556,12 @@ def reply(server: subprocess.Popen[bytes], timeout: float) -> object:
         return None
 
 
-def forked(server: subprocess.Popen[bytes], code: str, argv: list[str], timeout: float,
-           ) -> subprocess.CompletedProcess[str]:
+def forked(
+    server: subprocess.Popen[bytes],
+    code: str,
+    argv: list[str],
+    timeout: float,
+) -> subprocess.CompletedProcess[str]:
     """``python -c code *argv`` forked from ``server``, as :func:`child` returns it (returncode None and
     "(killed: timeout)" on stderr where it ran past ``timeout``)."""
     assert server.stdin is not None
@@ -496,9 +598,15 @@ def _end_zygotes() -> None:
                 server.kill()
 
 
-def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Path | str, ...] = (REPO, STANDIN),
-          env: dict[str, str] | None = None, cwd: Path | str | None = None,
-          timeout: float = CHILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
+def child(
+    code: str | None = None,
+    *,
+    args: tuple[str, ...] = (),
+    path: tuple[Path | str, ...] = (REPO, STANDIN),
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = CHILD_TIMEOUT,
+) -> subprocess.CompletedProcess[str]:
     """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never raises
     on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
     full = clean_env(**(env or {}))
@@ -506,10 +614,15 @@ def child(code: str | None = None, *, args: tuple[str, ...] = (), path: tuple[Pa
         full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
     argv = [sys.executable, *(("-c", code) if code is not None else args)]
     try:
-        return subprocess.run(argv, env=full, cwd=str(cwd) if cwd else None, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            argv,
+            env=full,
+            cwd=str(cwd) if cwd else None,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
         return killed(argv, out, err)
-

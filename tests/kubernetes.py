@@ -26,17 +26,39 @@ KUBERNETES = ("1.28.0", "1.37.0")
 
 def validator_site() -> Path:
     """kubernetes-validate and its dependencies (about 120 MB, 15 s), for this interpreter's version."""
-    return pip_target(f"{VALIDATOR.replace('==', '-')}-py{sys.version_info[0]}{sys.version_info[1]}", VALIDATOR)
+    return pip_target(
+        f"{VALIDATOR.replace('==', '-')}-py{sys.version_info[0]}{sys.version_info[1]}", VALIDATOR
+    )
 
 
 def with_site(site: Path, argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(argv, env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=300,
-                          **kw)
+    return subprocess.run(
+        argv,
+        env={**env, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
 
 
-def validate(site: Path, path: Path, version: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return with_site(site, [*prefix, sys.executable, "-m", "kubernetes_validate", "--strict", "-k", version, str(path)])
+def validate(
+    site: Path, path: Path, version: str, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return with_site(
+        site,
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "-k",
+            version,
+            str(path),
+        ],
+    )
 
 
 def documents(site: Path, path: Path = MANIFEST) -> list[dict]:

@@ -32,4 +32,3 @@ def target_modules() -> list[str]:
     """Every patch's target module (``patches.ALL``), once each, in its order: once a child has imported them,
     every patch is judged."""
     return list(dict.fromkeys(p.module for p in dspark_hotfix.patches.ALL))
-

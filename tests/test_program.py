@@ -17,7 +17,10 @@ def answer(word: str, times: int) -> dict[str, Any]:
     """Its arguments, and which of the modules a program could bring in unasked are imported so far."""
     import sys
 
-    return {"said": word * times, "imported": [m for m in ("__future__", "typing", "json") if m in sys.modules]}
+    return {
+        "said": word * times,
+        "imported": [m for m in ("__future__", "typing", "json") if m in sys.modules],
+    }
 
 
 def say(word: str) -> None:
@@ -25,7 +28,9 @@ def say(word: str) -> None:
 
 
 def test_a_program_runs_its_steps_in_order_and_prints_what_each_returns():
-    proc = in_fresh_process(program(partial(say, "first"), partial(answer, "ab", 2), partial(say, "last")))
+    proc = in_fresh_process(
+        program(partial(say, "first"), partial(answer, "ab", 2), partial(say, "last"))
+    )
     assert proc.returncode == 0, proc.stderr
     first, returned, last = proc.stdout.splitlines()
     assert (first, last) == ("first", "last")

@@ -27,14 +27,20 @@ def apply_diff(text: str, diff: str) -> str:
     context = [line[1:] for line in diff.splitlines() if line.startswith(" ")]
     added = [line[1:] for line in diff.splitlines() if line.startswith("+")]
     anchor = "\n".join(context) + "\n"
-    assert text.count(anchor) == 1, f"the guide's context is not in the file exactly once:\n{anchor}"
+    assert text.count(anchor) == 1, (
+        f"the guide's context is not in the file exactly once:\n{anchor}"
+    )
     return text.replace(anchor, anchor + "".join(f"{line}\n" for line in added))
 
 
 def copy_of_repository(root: Path) -> Path:
     """The tracked and untracked (not ignored) files, as a clone with the working tree's changes."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     for rel in listed:
         source = REPO / rel
         if source.is_file() or source.is_symlink():
@@ -61,10 +67,26 @@ def test_the_guide_adds_a_patch_in_four_files_and_the_generic_tests_pass_for_it(
     assert new is not None
     name = new[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/patches/test_every_patch.py",
-         f"tests/patches/test_{name}.py", "-k", name],
-        cwd=copy, env=clean_env(), capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/patches/test_every_patch.py",
+            f"tests/patches/test_{name}.py",
+            "-k",
+            name,
+        ],
+        cwd=copy,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed[1]) >= 5, proc.stdout[-2000:]  # the generic tests ran for it, not only its own
+    assert passed and int(passed[1]) >= 5, proc.stdout[
+        -2000:
+    ]  # the generic tests ran for it, not only its own

@@ -22,4 +22,8 @@ def test_a_start_that_says_something_is_a_fresh_interpreter_where_it_is_said():
     proc = call_in_child(child_code.as_started, 0, env={"DSPARK_HOTFIX": "maybe"})
     assert ZYGOTES[((REPO, STANDIN), (("DSPARK_HOTFIX", "maybe"),))] is None
     (line,) = proc.stderr.splitlines()
-    assert proc.returncode == 0 and "DSPARK_HOTFIX='maybe'" in line and line.endswith(": the shim is OFF"), line
+    assert (
+        proc.returncode == 0
+        and "DSPARK_HOTFIX='maybe'" in line
+        and line.endswith(": the shim is OFF")
+    ), line

@@ -22,7 +22,7 @@ from dspark_hotfix.patches import Finding, Need, Patch
 
 
 def _greet(answer: str, /, self: Any, name: str) -> str:
-    return "hello," + answer[len("helo,"):] if answer.startswith("helo,") else answer
+    return "hello," + answer[len("helo,") :] if answer.startswith("helo,") else answer
 
 
 def _probe_greeting(vllm_greet: Any) -> Need:
@@ -55,13 +55,33 @@ def _probe_plan(vllm_plan: Any) -> Need:
     return Need(kept != [1, 2], f"the toy planner keeps {kept!r} of [1, 2] when compact")
 
 
-GREETING = Patch(name="toy_greeting", module="vllm.toy_model", qualname="Greeter.greet", parameters=("self", "name"),
-                 correction=_greet, probe=_probe_greeting)
-FAREWELL = Patch(name="toy_farewell", module="vllm.toy_model", qualname="Greeter.farewell",
-                 parameters=("self", "name"), correction=_farewell, probe=_probe_farewell,
-                 absent="the toy build says no farewell")
-PLANNER = Patch(name="toy_planner", module="vllm.toy_planner", qualname="plan", parameters=("config", "items"),
-                arguments=_check_plan, stops=True, probe=_probe_plan, everywhere=True)
+GREETING = Patch(
+    name="toy_greeting",
+    module="vllm.toy_model",
+    qualname="Greeter.greet",
+    parameters=("self", "name"),
+    correction=_greet,
+    probe=_probe_greeting,
+)
+FAREWELL = Patch(
+    name="toy_farewell",
+    module="vllm.toy_model",
+    qualname="Greeter.farewell",
+    parameters=("self", "name"),
+    correction=_farewell,
+    probe=_probe_farewell,
+    absent="the toy build says no farewell",
+)
+PLANNER = Patch(
+    name="toy_planner",
+    module="vllm.toy_planner",
+    qualname="plan",
+    parameters=("config", "items"),
+    arguments=_check_plan,
+    stops=True,
+    probe=_probe_plan,
+    everywhere=True,
+)
 TOYS = (GREETING, FAREWELL, PLANNER)
 NAMES = tuple(p.name for p in TOYS)
 

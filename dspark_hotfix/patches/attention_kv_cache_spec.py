@@ -25,7 +25,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from dspark_hotfix.patches.base import Need, Patch
-from dspark_hotfix.patches.fp8_ds_mla import CACHE_DTYPE, fp8_ds_mla_spec, probe_spec, quant_mode, uint8_dtype
+from dspark_hotfix.patches.fp8_ds_mla import (
+    CACHE_DTYPE,
+    fp8_ds_mla_spec,
+    probe_spec,
+    quant_mode,
+    uint8_dtype,
+)
 
 
 def correction(spec: Any, /, self: Any, vllm_config: Any) -> Any:
@@ -34,8 +40,12 @@ def correction(spec: Any, /, self: Any, vllm_config: Any) -> Any:
 
 
 def probe(vllm_get_kv_cache_spec: Callable[..., Any]) -> Need:
-    layer = SimpleNamespace(compress_ratio=4, kv_cache_dtype=CACHE_DTYPE, head_dim=512,
-                            kv_cache_torch_dtype=uint8_dtype())
+    layer = SimpleNamespace(
+        compress_ratio=4,
+        kv_cache_dtype=CACHE_DTYPE,
+        head_dim=512,
+        kv_cache_torch_dtype=uint8_dtype(),
+    )
     return probe_spec(vllm_get_kv_cache_spec, layer)
 
 

@@ -39,7 +39,9 @@ class Patch:
     probe: Callable[[Callable[..., Any]], Need]
     # arguments(*vLLM's arguments), before vLLM's function runs: None to call it with them as they are,
     # or the (args, kwargs) to call it with instead. By default, None.
-    arguments: Callable[..., tuple[tuple[Any, ...], dict[str, Any]] | None] = lambda *args, **kwargs: None
+    arguments: Callable[..., tuple[tuple[Any, ...], dict[str, Any]] | None] = (
+        lambda *args, **kwargs: None
+    )
     # correction(vllm_answer, /, *vLLM's arguments): the answer to return. By default, vLLM's answer.
     correction: Callable[..., Any] = lambda answer, /, *args, **kwargs: answer
     # A stop corrects nothing: its arguments step only stops vLLM, early and clearly, where vLLM would crash.

@@ -57,18 +57,24 @@ def fp8_ds_mla_spec(spec: Any, layer_cache_dtype: str | None, quant_mode: Any) -
         "state_content_bytes": getattr(spec, "state_content_bytes", None) or BYTES_PER_TOKEN,
     }
     fields = {f.name for f in dataclasses.fields(spec) if f.init}
-    fixed = dataclasses.replace(spec, kv_quant_mode=quant_mode, **{k: v for k, v in layout.items() if k in fields})
+    fixed = dataclasses.replace(
+        spec, kv_quant_mode=quant_mode, **{k: v for k, v in layout.items() if k in fields}
+    )
     got = runner_bytes_per_token(fixed)
     if got != BYTES_PER_TOKEN or fixed.page_size_bytes % PAGE_ALIGNMENT:
-        raise CorrectionFailed(f"rebuilt {type(spec).__name__} gives {got} bytes/token and a {fixed.page_size_bytes}-"
-                               f"byte page, not {BYTES_PER_TOKEN} on a {PAGE_ALIGNMENT}-byte alignment")
+        raise CorrectionFailed(
+            f"rebuilt {type(spec).__name__} gives {got} bytes/token and a {fixed.page_size_bytes}-"
+            f"byte page, not {BYTES_PER_TOKEN} on a {PAGE_ALIGNMENT}-byte alignment"
+        )
     return fixed
 
 
 def deepseek_v4_fp8_ds_mla(spec: Any) -> bool:
     """Whether ``spec`` is a DeepSeek-V4 cache of this layout."""
-    return getattr(spec, "model_version", None) == MODEL_VERSION and \
-        getattr(spec, "cache_dtype_str", None) == CACHE_DTYPE
+    return (
+        getattr(spec, "model_version", None) == MODEL_VERSION
+        and getattr(spec, "cache_dtype_str", None) == CACHE_DTYPE
+    )
 
 
 def holds_layout(spec: Any, quant_mode: Any) -> bool:
@@ -124,18 +130,31 @@ def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     if fixed is spec:
         return Need(False, f"not needed (vLLM already returns {width} bytes/token)")
-    return Need(True, f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})")
+    return Need(
+        True,
+        f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})",
+    )
 
 
 def stand_in_pair(interface: Any, mode: Any) -> dict[str, Any]:
     """A DeepSeek-V4 model's two kinds of ``fp8_ds_mla`` cache, as vLLM's specs (``interface`` is its
     ``vllm.v1.kv_cache_interface``): a compressed-attention layer's and a sliding-window layer's."""
-    return {"full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
-            "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128)}
+    return {
+        "full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
+        "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128),
+    }
 
 
 def _spec(cls: Any, mode: Any, **values: Any) -> Any:
-    values.update(num_kv_heads=1, head_size=512, dtype=uint8_dtype(), kv_quant_mode=mode, cache_dtype_str=CACHE_DTYPE,
-                  alignment=PAGE_ALIGNMENT, model_version=MODEL_VERSION, state_content_bytes=BYTES_PER_TOKEN)
+    values.update(
+        num_kv_heads=1,
+        head_size=512,
+        dtype=uint8_dtype(),
+        kv_quant_mode=mode,
+        cache_dtype_str=CACHE_DTYPE,
+        alignment=PAGE_ALIGNMENT,
+        model_version=MODEL_VERSION,
+        state_content_bytes=BYTES_PER_TOKEN,
+    )
     names = {f.name for f in dataclasses.fields(cls) if f.init}  # the fields this release has
     return cls(**{k: v for k, v in values.items() if k in names})

@@ -52,13 +52,15 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
     layers = [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
         many = f"{len(layers)} layer{'s' * (len(layers) > 1)}, e.g. {layers[0]}"
-        raise Finding(f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({many}) need vLLM's hybrid KV cache manager, and it "
-                      "is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
-                      "--kv-transfer-config connector without hybrid support). This vLLM then rebuilds their "
-                      f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
-                      f"{BYTES_PER_TOKEN}) and its compressor states at a block size their kernels refuse. What "
-                      "helps: leave the hybrid manager on; for prefill/decode disaggregation, a KV connector that "
-                      "supports it (SupportsHMA); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off")
+        raise Finding(
+            f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({many}) need vLLM's hybrid KV cache manager, and it "
+            "is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
+            "--kv-transfer-config connector without hybrid support). This vLLM then rebuilds their "
+            f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
+            f"{BYTES_PER_TOKEN}) and its compressor states at a block size their kernels refuse. What "
+            "helps: leave the hybrid manager on; for prefill/decode disaggregation, a KV connector that "
+            "supports it (SupportsHMA); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
+        )
 
 
 def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
@@ -68,8 +70,10 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
         specs = stand_in_pair(interface, mode)
     except Exception as exc:  # spec classes this probe does not know how to build
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
-    config = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
-                             kv_transfer_config=None)
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
+        kv_transfer_config=None,
+    )
     # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a probe.
     log = logging.getLogger(vllm_get_kv_cache_groups.__module__)
     quiet, log.disabled = log.disabled, True
@@ -83,8 +87,11 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
     if swa.kv_quant_mode == mode:
         return Need(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
     mode_name = getattr(swa.kv_quant_mode, "name", swa.kv_quant_mode)
-    return Need(True, "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
-                         f"{type(swa).__name__}(kv_quant_mode={mode_name}))")
+    return Need(
+        True,
+        "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
+        f"{type(swa).__name__}(kv_quant_mode={mode_name}))",
+    )
 
 
 PATCH = Patch(

@@ -35,7 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 from dspark_hotfix.patches.base import Need, Patch
-from dspark_hotfix.patches.fp8_ds_mla import BYTES_PER_TOKEN, quant_mode, runner_bytes_per_token, stand_in_pair
+from dspark_hotfix.patches.fp8_ds_mla import (
+    BYTES_PER_TOKEN,
+    quant_mode,
+    runner_bytes_per_token,
+    stand_in_pair,
+)
 
 FIELD = "bounded_replay"
 
@@ -58,32 +63,49 @@ def probe(vllm_replace_as: Callable[..., Any]) -> Need:
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     try:
         promote(dict(specs))
-        return Need(False, "not needed (vLLM's hybrid-off promotion of the sliding-window specs succeeds)")
+        return Need(
+            False, "not needed (vLLM's hybrid-off promotion of the sliding-window specs succeeds)"
+        )
     except TypeError as exc:
         raised = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # drift in vLLM's internals: undecided
-        return Need(None, f"probe inconclusive (vLLM's promotion raised {type(exc).__name__}: {exc})")
+        return Need(
+            None, f"probe inconclusive (vLLM's promotion raised {type(exc).__name__}: {exc})"
+        )
     try:
         swa = _repaired(promote, vllm_replace_as)(dict(specs))["swa"]
         width = runner_bytes_per_token(swa)
     except Exception as exc:
-        return Need(None, f"probe inconclusive (vLLM's promotion raised {raised}; repaired, {exc!r})")
+        return Need(
+            None, f"probe inconclusive (vLLM's promotion raised {raised}; repaired, {exc!r})"
+        )
     if swa.kv_quant_mode != mode or width != BYTES_PER_TOKEN:
-        return Need(None, f"probe inconclusive (vLLM's promotion raised {raised}; repaired, it gives {width} "
-                          "bytes/token)")
-    return Need(True, f"needed (vLLM's hybrid-off promotion raises {raised}; repaired, it keeps the layout: "
-                      f"{type(swa).__name__} at {width} bytes/token)")
+        return Need(
+            None,
+            f"probe inconclusive (vLLM's promotion raised {raised}; repaired, it gives {width} "
+            "bytes/token)",
+        )
+    return Need(
+        True,
+        f"needed (vLLM's hybrid-off promotion raises {raised}; repaired, it keeps the layout: "
+        f"{type(swa).__name__} at {width} bytes/token)",
+    )
 
 
-def _repaired(promote: Callable[..., Any], vllm_replace_as: Callable[..., Any]) -> Callable[..., Any]:
+def _repaired(
+    promote: Callable[..., Any], vllm_replace_as: Callable[..., Any]
+) -> Callable[..., Any]:
     """vLLM's own promotion, calling ``replace_as`` with the repaired arguments: a copy of the function, with
     its module's names, and that one changed; vLLM's module is left as it is."""
+
     def replace_as(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = arguments(*args, **kwargs) or (args, kwargs)
         return vllm_replace_as(*args, **kwargs)
 
     names = {**promote.__globals__, "replace_as": replace_as}
-    return types.FunctionType(promote.__code__, names, promote.__name__, promote.__defaults__, promote.__closure__)
+    return types.FunctionType(
+        promote.__code__, names, promote.__name__, promote.__defaults__, promote.__closure__
+    )
 
 
 PATCH = Patch(

@@ -71,8 +71,13 @@ def draft_layer_count(draft: Any) -> int | None:
 def probe(vllm_remap_dspark_name: Callable[..., Any]) -> Need:
     n, k = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
     config = SimpleNamespace(num_hidden_layers=n, n_mtp_layers=k)
-    model = SimpleNamespace(config=config, num_hidden_layers=n, num_dspark_layers=k, layers=[None] * k,
-                            confidence_head=None)
+    model = SimpleNamespace(
+        config=config,
+        num_hidden_layers=n,
+        num_dspark_layers=k,
+        layers=[None] * k,
+        confidence_head=None,
+    )
     draft = SimpleNamespace(config=config, model=model)
     name = "mtp.1.attn.wkv.weight"
     try:

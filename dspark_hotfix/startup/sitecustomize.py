@@ -42,11 +42,13 @@ def package():
 
         return dspark_hotfix
     except Exception as exc:
-        say(f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
-            f"install it into this interpreter from a checkout or a wheel: {sys.executable} -m pip install PATH")
+        say(
+            f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
+            f"install it into this interpreter from a checkout or a wheel: {sys.executable} -m pip install PATH"
+        )
         return None
     finally:
-        del sys.path[:len(ours)]
+        del sys.path[: len(ours)]
 
 
 def activate(source):
@@ -72,7 +74,9 @@ def start():
     if "vllm" in sys.modules:
         activate("sitecustomize")
     elif not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
-        sys.meta_path.insert(0, VllmImportWatcher("sitecustomize"))  # unless a copy of ours put one there
+        sys.meta_path.insert(
+            0, VllmImportWatcher("sitecustomize")
+        )  # unless a copy of ours put one there
 
 
 class VllmImportWatcher:
@@ -109,10 +113,16 @@ class VllmImportWatcher:
         self.done = False
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.done or not (fullname == "vllm" or fullname.startswith("vllm.")) or self not in sys.meta_path:
+        if (
+            self.done
+            or not (fullname == "vllm" or fullname.startswith("vllm."))
+            or self not in sys.meta_path
+        ):
             return None
-        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
+            spec = (
+                finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            )
             if spec is not None:
                 break
         else:
@@ -156,7 +166,9 @@ class ActivatingLoader:
         activate(self.watcher.source)
         self.watcher.done = True  # not after an interrupt: the retried import activates
         self.loader.exec_module(module)
-        if "wrapt.importer" in sys.modules:  # the hooks registered while it was found (wrapt's loader would run them)
+        if (
+            "wrapt.importer" in sys.modules
+        ):  # the hooks registered while it was found (wrapt's loader would run them)
             sys.modules["wrapt.importer"].notify_module_loaded(module)
 
     def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
@@ -182,12 +194,16 @@ def chain(sitecustomize_file):
     goes on, and ``chained`` records what happened.
     """
     global chained
-    from _frozen_importlib_external import PathFinder  # importlib.machinery's, without importing it (1 ms)
+    from _frozen_importlib_external import (
+        PathFinder,
+    )  # importlib.machinery's, without importing it (1 ms)
 
     taken = []  # the entries whose sitecustomize is our file, and their places
     for i, entry in enumerate(sys.path):
         spec = PathFinder.find_spec("sitecustomize", [entry])
-        origin = getattr(spec, "origin", None)  # None: none, or a directory of that name, which a module beats
+        origin = getattr(
+            spec, "origin", None
+        )  # None: none, or a directory of that name, which a module beats
         if origin is None:
             continue
         try:  # ours: the same path (in a zip archive too, where it is no file), or the same file by another
@@ -206,8 +222,11 @@ def chain(sitecustomize_file):
         import sitecustomize  # (the shadowed one)
 
         # Another copy of ours, further down sys.path, chained the one that ran.
-        chained = sitecustomize.chained if hasattr(sitecustomize, "VllmImportWatcher") else \
-            {"file": getattr(sitecustomize, "__file__", None)}
+        chained = (
+            sitecustomize.chained
+            if hasattr(sitecustomize, "VllmImportWatcher")
+            else {"file": getattr(sitecustomize, "__file__", None)}
+        )
     except Exception as exc:
         chained = {"error": f"{type(exc).__name__}: {exc}"}
         say(f"Error in sitecustomize (chained by dspark_hotfix):\n{chained['error']}")

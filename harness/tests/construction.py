@@ -39,8 +39,16 @@ def small_table(config: dict, stages: int) -> list[dict]:
     last = f"mtp.{stages - 1}."
     table += [
         {"name": last + "norm.weight", "shape": [hidden], "dtype": "bfloat16"},
-        {"name": last + "markov_head.markov_w1.weight", "shape": [vocab, rank], "dtype": "bfloat16"},
-        {"name": last + "markov_head.markov_w2.weight", "shape": [vocab, rank], "dtype": "bfloat16"},
+        {
+            "name": last + "markov_head.markov_w1.weight",
+            "shape": [vocab, rank],
+            "dtype": "bfloat16",
+        },
+        {
+            "name": last + "markov_head.markov_w2.weight",
+            "shape": [vocab, rank],
+            "dtype": "bfloat16",
+        },
     ]
     return table
 
@@ -50,7 +58,9 @@ def main() -> None:
     if len(sys.argv) > 2:  # sequences an engine generated: how many of their steps go t -> succ(t)
         succ = checkpoint.permutation(config, 0)
         samples = json.loads(sys.argv[2])
-        print(json.dumps([sum(int(succ[a]) == b for a, b in itertools.pairwise(s)) for s in samples]))
+        print(
+            json.dumps([sum(int(succ[a]) == b for a, b in itertools.pairwise(s)) for s in samples])
+        )
         return
     stages, hc = config["n_mtp_layers"], config["hc_mult"]
     table = small_table(config, stages)
@@ -79,18 +89,26 @@ def main() -> None:
         fn, base = torch.zeros((2 + hc) * hc, hc * hidden), torch.zeros((2 + hc) * hc)
         for i, here in enumerate(present):
             for sublayer in ("attn", "ffn"):
-                post, comb, x = mhc_pre_torch(residual, fn, torch.ones(3), base, EPS, EPS, EPS, 2.0, 20)
+                post, comb, x = mhc_pre_torch(
+                    residual, fn, torch.ones(3), base, EPS, EPS, EPS, 2.0, 20
+                )
                 out = torch.zeros(x.shape)
                 if sublayer == "ffn" and here:
                     u = rms(x.float())
-                    gate = (u @ dequant(f"mtp.{i}.ffn.shared_experts.w1").t()).clamp(max=config["swiglu_limit"])
+                    gate = (u @ dequant(f"mtp.{i}.ffn.shared_experts.w1").t()).clamp(
+                        max=config["swiglu_limit"]
+                    )
                     up = (u @ dequant(f"mtp.{i}.ffn.shared_experts.w3").t()).clamp(
                         -config["swiglu_limit"], config["swiglu_limit"]
                     )
-                    out = (torch.nn.functional.silu(gate) * up) @ dequant(f"mtp.{i}.ffn.shared_experts.w2").t()
+                    out = (torch.nn.functional.silu(gate) * up) @ dequant(
+                        f"mtp.{i}.ffn.shared_experts.w2"
+                    ).t()
                 residual = mhc_post_torch(out.to(torch.bfloat16), residual, post, comb)
         last = f"mtp.{stages - 1}."
-        pooled = (0.5 + EPS) * residual.float().sum(1)  # hc_head with zero fn and base: sigmoid(0) each
+        pooled = (0.5 + EPS) * residual.float().sum(
+            1
+        )  # hc_head with zero fn and base: sigmoid(0) each
         base_logits = (rms(pooled) * named[last + "norm.weight"].float()) @ head.t()
         markov = (
             named[last + "markov_head.markov_w1.weight"].float()[tokens]
@@ -99,7 +117,9 @@ def main() -> None:
         return ((base_logits + markov).argmax(-1) == succ[tokens]).float().mean().item()
 
     last = f"mtp.{stages - 1}."
-    after = succ[tokens]  # a later position: the noise token's base logits are zero; the Markov head decides
+    after = succ[
+        tokens
+    ]  # a later position: the noise token's base logits are zero; the Markov head decides
     chain = (
         named[last + "markov_head.markov_w1.weight"].float()[after]
         @ named[last + "markov_head.markov_w2.weight"].float().t()
@@ -112,7 +132,9 @@ def main() -> None:
                 "markov_chain": (chain.argmax(-1) == succ[after]).float().mean().item(),
                 "all_layers": draft_position0([True] * stages),
                 "no_layers": draft_position0([False] * stages),
-                "one_missing": [draft_position0([j != k for j in range(stages)]) for k in range(stages)],
+                "one_missing": [
+                    draft_position0([j != k for j in range(stages)]) for k in range(stages)
+                ],
             }
         )
     )

@@ -26,7 +26,9 @@ def main() -> None:
     params = {}
     for name in record["vllm_params"]["draft"]:
         sink = name.endswith("attn_sink")
-        param = torch.nn.Parameter(torch.zeros(config.num_attention_heads if sink else 0), requires_grad=False)
+        param = torch.nn.Parameter(
+            torch.zeros(config.num_attention_heads if sink else 0), requires_grad=False
+        )
         param.weight_loader = lambda *args, **kwargs: True
         params[name] = param
     dspark.get_tensor_model_parallel_world_size = lambda: 1  # no process group on this CPU

@@ -37,7 +37,11 @@ def test_the_ratio_takes_medians_of_warm_engines_and_says_whether_both_arms_did_
     ]
     ratio = e2e._ratio(runs)
     assert ratio["rates"] == {"fixed": [90.0, 110.0], "baseline": [100.0, 1.0, 120.0]}
-    assert (ratio["median_fixed"], ratio["median_baseline"], ratio["fixed_over_baseline"]) == (100.0, 100.0, 1.0)
+    assert (ratio["median_fixed"], ratio["median_baseline"], ratio["fixed_over_baseline"]) == (
+        100.0,
+        100.0,
+        1.0,
+    )
     assert ratio["same_work"] is True
     assert e2e._ratio([*runs, _engine("baseline", [100.0], counts=1338)])["same_work"] is False
     assert "fixed_over_baseline" not in e2e._ratio(runs[:3])
@@ -79,16 +83,25 @@ def test_on_the_h200_hybrid_off_dies_with_the_reported_error_without_the_shim_an
     runs = ROOT / "docs" / "evidence" / "hybrid-off-h200"
     base = json.loads((runs / "call31-02-baseline-hma-off.json").read_text())
     shim = json.loads((runs / "call31-01-shim-hma-off.json").read_text())
-    assert base["hybrid_off"] and shim["hybrid_off"] and base["vllm_version"] == shim["vllm_version"] == "0.25.0"
+    assert (
+        base["hybrid_off"]
+        and shim["hybrid_off"]
+        and base["vllm_version"] == shim["vllm_version"] == "0.25.0"
+    )
     assert not base["shim_loaded"] and shim["shim_loaded"]
-    assert base["root_cause"] == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    assert (
+        base["root_cause"]
+        == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    )
     assert shim["root_cause"].startswith(
         "dspark_hotfix.registry.HotfixError: kv_cache_groups: DeepSeek-V4's "
         "fp8_ds_mla KV caches (9 layers, e.g. model.layers.0.attn.swa_cache) need"
     )
     # The stop comes at KV-cache grouping: no KV cache allocated, FlashMLA never reached.
     log = (runs / "call31-01-shim-hma-off.log").read_text()
-    assert "get_kv_cache_groups(vllm_config, merged_kv_cache_specs)" in log  # vLLM's call, in the traceback
+    assert (
+        "get_kv_cache_groups(vllm_config, merged_kv_cache_specs)" in log
+    )  # vLLM's call, in the traceback
     assert "RuntimeError: kv must have shape" not in log
 
 
@@ -96,9 +109,16 @@ def test_on_the_h200_the_stop_leaves_a_hybrid_on_engine_generating_what_vllm_gen
     runs = ROOT / "docs" / "evidence" / "hybrid-off-h200"
     shim = json.loads((runs / "call32-01-shim.json").read_text())
     base = json.loads((runs / "call32-02-baseline.json").read_text())
-    assert shim["shim_loaded"] and not base["shim_loaded"] and not shim["hybrid_off"] and not base["hybrid_off"]
+    assert (
+        shim["shim_loaded"]
+        and not base["shim_loaded"]
+        and not shim["hybrid_off"]
+        and not base["hybrid_off"]
+    )
     assert shim["exit_code"] == base["exit_code"] == 0 and shim["ok"] and base["ok"]
-    assert [t["output_ids_sha256"] for t in shim["timed"]] == [t["output_ids_sha256"] for t in base["timed"]]
+    assert [t["output_ids_sha256"] for t in shim["timed"]] == [
+        t["output_ids_sha256"] for t in base["timed"]
+    ]
     assert shim["spec_metrics_timed"] == base["spec_metrics_timed"]
     assert shim["spec_metrics_timed"]["vllm:spec_decode_num_accepted_tokens"] == 1339
     assert "1 patched, 4 not needed" in shim["shim_lines"][0]

@@ -16,7 +16,9 @@ def test_the_committed_matrix_is_what_the_evidence_gives(matrix):
 
 
 def recorded_patches(matrix) -> list[str]:
-    return matrix.recorded_patches(json.loads((matrix.EVIDENCE / "hybrid-off.json").read_text())["versions"])
+    return matrix.recorded_patches(
+        json.loads((matrix.EVIDENCE / "hybrid-off.json").read_text())["versions"]
+    )
 
 
 def test_every_recorded_line_reads_back_as_its_counts(matrix):
@@ -26,7 +28,9 @@ def test_every_recorded_line_reads_back_as_its_counts(matrix):
     for kinds in lines.values():
         for line in (line for kind_lines in kinds.values() for line in kind_lines):
             verdict, states = matrix.states_of(line, names)
-            counts = {state: int(n) for n, state in re.findall(r"(\d+) (\w+)", line.partition(": ")[2])}
+            counts = {
+                state: int(n) for n, state in re.findall(r"(\d+) (\w+)", line.partition(": ")[2])
+            }
             assert verdict in ("fixing", "guarding", "removable", "problem", "undecided")
             assert list(states) == names and Counter(states.values()) == counts, line
             seen += 1
@@ -44,7 +48,11 @@ def test_a_line_printed_with_another_set_of_patches_is_refused(matrix):
 
 
 def test_a_matrix_is_not_written_where_two_records_disagree(matrix, tmp_path: Path, monkeypatch):
-    shutil.copytree(matrix.EVIDENCE, tmp_path / "evidence", ignore=shutil.ignore_patterns("*-logs", "hybrid-off*"))
+    shutil.copytree(
+        matrix.EVIDENCE,
+        tmp_path / "evidence",
+        ignore=shutil.ignore_patterns("*-logs", "hybrid-off*"),
+    )
     hybrid = json.loads((matrix.EVIDENCE / "hybrid-off.json").read_text())
     row = next(iter(hybrid["versions"]["0.25.0"]["with_shim"]["status"]["patches"].values()))
     row["state"] = "excluded"  # a state no line of lines.json gives a patch on 0.25.0

@@ -45,7 +45,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:  # /metrics: 2 drafts of 5 tokens, 1 accepted and 3 engine steps per request so far
+    def do_GET(
+        self,
+    ) -> None:  # /metrics: 2 drafts of 5 tokens, 1 accepted and 3 engine steps per request so far
         with self.server.lock:
             n = len(self.server.prompts)
         body = (f"vllm:spec_decode_num_drafts_total {2 * n}\nvllm:spec_decode_num_draft_tokens_total {10 * n}\n"
@@ -63,15 +65,24 @@ class Handler(BaseHTTPRequestHandler):
             return
         with self.server.lock:
             index = len(self.server.prompts)
-            self.server.prompts.append(hashlib.sha256(json.dumps(request["prompt"]).encode()).hexdigest())
+            self.server.prompts.append(
+                hashlib.sha256(json.dumps(request["prompt"]).encode()).hexdigest()
+            )
             if index in self.server.compile_at:
-                (self.server.cache / f"kernel-{self.server.server_port}-{index}").write_text("compiled")
+                (self.server.cache / f"kernel-{self.server.server_port}-{index}").write_text(
+                    "compiled"
+                )
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for i in range(request["max_tokens"]):
-            self.wfile.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': f' t{i}'}]})}\n\n".encode())
-        usage = {"choices": [], "usage": {"prompt_tokens": LOAD["input"], "completion_tokens": request["max_tokens"]}}
+            self.wfile.write(
+                f"data: {json.dumps({'choices': [{'index': 0, 'text': f' t{i}'}]})}\n\n".encode()
+            )
+        usage = {
+            "choices": [],
+            "usage": {"prompt_tokens": LOAD["input"], "completion_tokens": request["max_tokens"]},
+        }
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
 
 
@@ -116,7 +127,9 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
         ("baseline", "timed", 2, 0), ("fixed-plugin", "timed", 2, 0),  # A B
         ("fixed-plugin", "timed", 3, 1), ("baseline", "timed", 3, 0),  # B A
     ]  # fmt: skip
-    assert {(r["result"]["completed"], r["result"]["failed"]) for r in runs} == {(LOAD["prompts"], 0)}
+    assert {(r["result"]["completed"], r["result"]["failed"]) for r in runs} == {
+        (LOAD["prompts"], 0)
+    }
     # One seed: every run of either server sent the same prompts.
     per_run = [sorted(s.prompts[i:i + LOAD["prompts"]]) for s in servers.values()
                for i in range(0, len(s.prompts), LOAD["prompts"])]  # fmt: skip
@@ -125,7 +138,9 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     # Each run's cost: the stand-ins' engine steps counted from /metrics, the CPU of the servers'
     # process group (this one, whose threads serve them) and of the client, the host's shares.
     assert {r["cost"]["engine_steps"] for r in runs} == {3 * LOAD["prompts"]}
-    assert all(sum(r["cost"]["server_cpu_s"].values()) >= 0 and r["cost"]["server_cpu_s"] for r in runs)
+    assert all(
+        sum(r["cost"]["server_cpu_s"].values()) >= 0 and r["cost"]["server_cpu_s"] for r in runs
+    )
     assert all(r["cost"]["client_cpu_s"] > 0 and 0 <= r["cost"]["host_steal"] <= r["cost"]["host_busy"] <= 1
                and r["cost"]["epoch"][0] < r["cost"]["epoch"][1] for r in runs)  # fmt: skip
     # every server's whole /metrics, as found at the call's start and after each of its runs
@@ -134,11 +149,25 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
         tags = [s.split(" epoch=")[0] for s in scrapes]
         assert tags == [f"arm={arm} before=call"] + [f"arm={arm} after={r['phase']}-{r['rep']}" for r in runs
                                                      if r["arm"] == arm]  # fmt: skip
-        accepted = [float(s.split("vllm:spec_decode_num_accepted_tokens_total ")[1].split()[0]) for s in scrapes]
-        assert accepted == [LOAD["prompts"] * n for n in range(len(scrapes))]  # one run's requests between scrapes
+        accepted = [
+            float(s.split("vllm:spec_decode_num_accepted_tokens_total ")[1].split()[0])
+            for s in scrapes
+        ]
+        assert accepted == [
+            LOAD["prompts"] * n for n in range(len(scrapes))
+        ]  # one run's requests between scrapes
     ratio = serve.bench_ratio(runs)
-    assert (ratio["all"]["pairs"], ratio["clean"]["pairs"]) == (2, 1)  # pair 1 compiled: out of `clean`
+    assert (ratio["all"]["pairs"], ratio["clean"]["pairs"]) == (
+        2,
+        1,
+    )  # pair 1 compiled: out of `clean`
     assert ratio["jit_compiles"] == {"fixed-plugin": [0, 1], "baseline": [0, 0]}
     assert ratio["pairs_with_the_same_spec_decode"] == 2 and ratio["failed"] == 0
-    assert ratio["engine_steps"] == {"fixed-plugin": [3 * LOAD["prompts"]] * 2, "baseline": [3 * LOAD["prompts"]] * 2}
-    assert set(ratio["clean_spread"]) == {"fixed-plugin", "baseline"} and ratio["clean_spread"]["fixed-plugin"] is None
+    assert ratio["engine_steps"] == {
+        "fixed-plugin": [3 * LOAD["prompts"]] * 2,
+        "baseline": [3 * LOAD["prompts"]] * 2,
+    }
+    assert (
+        set(ratio["clean_spread"]) == {"fixed-plugin", "baseline"}
+        and ratio["clean_spread"]["fixed-plugin"] is None
+    )

@@ -37,7 +37,9 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     # budget ended (it had waited out DeepGEMM's start-up warm-up on a cold cache in call 49)
     assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"]
                if o["server"] != "call50-01-baseline")  # fmt: skip
-    assert [o["outcome"] for o in outcomes["baseline"] if o["server"] == "call50-01-baseline"] == ["timeout"]
+    assert [o["outcome"] for o in outcomes["baseline"] if o["server"] == "call50-01-baseline"] == [
+        "timeout"
+    ]
     # CUDA graphs (calls 49 on) are compared with each other; their probe gave the eager servers' texts too
     assert data["figures"]["same_completions"] == {"tp1": True, "tp1-cudagraph": True, "tp2": True}
     assert data["figures"]["probes"]["tp1-cudagraph"] == {arm: data["figures"]["probes"]["tp1"]["baseline"]
@@ -47,7 +49,9 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     servers = {s["arm"]: s for session in data["sessions"] for s in session["summary"]["servers"]}
     assert [o["outcome"] for o in outcomes["baseline-hma-off"]] == ["exited"]
     assert servers["baseline-hma-off"]["reported_error"]
-    assert [(o["outcome"], o["shim_summaries"]) for o in outcomes["shim-hma-off"]] == [("exited", 2)]
+    assert [(o["outcome"], o["shim_summaries"]) for o in outcomes["shim-hma-off"]] == [
+        ("exited", 2)
+    ]
     stop = servers["shim-hma-off"]["first_error"]
     assert stop.startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: ")
     assert "hybrid KV cache manager" in stop
@@ -56,11 +60,16 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     bench = data["figures"]["bench"]["call47"]
     assert bench["all"] == bench["clean"] and bench["clean"]["pairs"] == 10 and bench["failed"] == 0
     low, high = bench["clean"]["ci95"]
-    assert low < 1.0 < high  # no cost shown; not resolved to the goal's 0.02 either (the CPU drift below)
+    assert (
+        low < 1.0 < high
+    )  # no cost shown; not resolved to the goal's 0.02 either (the CPU drift below)
     steps = [n for arm in bench["engine_steps"].values() for n in arm]
     assert max(steps) - min(steps) <= 1 and bench["pairs_with_the_same_spec_decode"] == 10
     bench = data["figures"]["bench"]["call43"]
-    assert bench["failed"] == 0 and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
+    assert (
+        bench["failed"] == 0
+        and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
+    )
     # call 52, CUDA graphs, 128 at 128: one pair, both runs compiling (TileLang, new shapes): no clean pair
     bench = data["figures"]["bench"]["call52"]
     assert bench["all"]["pairs"] == 1 and bench["clean"] == {"pairs": 0} and bench["failed"] == 0
@@ -70,16 +79,26 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
         "baseline": [128],
     }
     # the engine core no longer busy for the whole run, as in call 47's eager runs (1.015 to 1.019)
-    assert all(share[1] < 0.6 for share in (b["engine_core_cpu_share"] for b in bench["bounds"].values()))
-    assert all(b["engine_core_cpu_share"][0] > 1.0 for b in data["figures"]["bench"]["call47"]["bounds"].values())
+    assert all(
+        share[1] < 0.6 for share in (b["engine_core_cpu_share"] for b in bench["bounds"].values())
+    )
+    assert all(
+        b["engine_core_cpu_share"][0] > 1.0
+        for b in data["figures"]["bench"]["call47"]["bounds"].values()
+    )
 
 
 def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benchmark():
     data = json.loads(EVIDENCE.read_text())
     counts = data["figures"]["shim_calls"]
     fixed, baseline = counts["call52-02-fixed-plugin"], counts["call52-01-baseline"]
-    for figure in (fixed, baseline):  # every process vLLM's log names answered at ready and after the benchmark
-        assert all(answered == figure["logged_processes"] for answered in figure["answered"].values())
+    for figure in (
+        fixed,
+        baseline,
+    ):  # every process vLLM's log names answered at ready and after the benchmark
+        assert all(
+            answered == figure["logged_processes"] for answered in figure["answered"].values()
+        )
         assert len(figure["logged_processes"]) == 2 and len(figure["answered"]) == 2
     # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at start-up
     assert all(pids == fixed["logged_processes"] for pids in fixed["with_the_shim"].values())
@@ -95,7 +114,10 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
     (after,) = fixed["added_after_ready"].values()
     assert after == dict.fromkeys(fixed["logged_processes"], 0) and fixed["serving_calls"] == 0
     # baseline: no shim anywhere (the hook reads the shim, it never starts it)
-    assert all(pids == [] for pids in baseline["with_the_shim"].values()) and baseline["at_ready"] == {}
+    assert (
+        all(pids == [] for pids in baseline["with_the_shim"].values())
+        and baseline["at_ready"] == {}
+    )
     # what the benchmark between the two readings sent to the fixed server: every run's requests completed
     session = next(s for s in data["sessions"] if s["source"] == "call52")["summary"]
     runs = [r for r in session["bench_runs"] if r["arm"] == "fixed-plugin"]
@@ -104,10 +126,12 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
 
 def test_the_committed_cpu_drift_holds_the_figures_of_its_own_rates(serve):
     # call 48: the same Python work on the two engine cores of the bench, side by side, idle machine
-    drift = json.loads((ROOT / "docs" / "evidence" / "serve-h200-logs" / "call48-cpu-drift.json").read_text())
-    assert {k: drift[k] for k in ("rates", "spread", "side_by_side_spread", "correlation")} == serve.drift_figures(
-        drift["rates"]
+    drift = json.loads(
+        (ROOT / "docs" / "evidence" / "serve-h200-logs" / "call48-cpu-drift.json").read_text()
     )
+    assert {
+        k: drift[k] for k in ("rates", "spread", "side_by_side_spread", "correlation")
+    } == serve.drift_figures(drift["rates"])
     assert drift["windows"] == len(drift["rates"][0]) == len(drift["rates"][1]) >= 20
 
 
@@ -116,29 +140,54 @@ def test_cpu_drift_times_the_same_work_on_two_cores_window_by_window(serve, tmp_
 
     serve.cpu_drift(argparse.Namespace(seconds=2.5, window=0.5, out=str(tmp_path)))
     drift = json.loads((tmp_path / "cpu-drift.json").read_text())
-    assert drift["windows"] >= 3 and all(len(r) == drift["windows"] and min(r) > 0 for r in drift["rates"])
-    assert len(drift["cores"]) == 2 and drift["side_by_side_spread"] >= 0 and -1 <= drift["correlation"] <= 1
+    assert drift["windows"] >= 3 and all(
+        len(r) == drift["windows"] and min(r) > 0 for r in drift["rates"]
+    )
+    assert (
+        len(drift["cores"]) == 2
+        and drift["side_by_side_spread"] >= 0
+        and -1 <= drift["correlation"] <= 1
+    )
 
 
 def test_a_fixed_server_answering_otherwise_than_baseline_is_not_the_same_completions(serve):
     data = json.loads(EVIDENCE.read_text())
     sessions = json.loads(json.dumps(data["sessions"]))
-    server = next(s for session in sessions for s in session["summary"]["servers"] if s["arm"] == "fixed-plugin")
+    server = next(
+        s
+        for session in sessions
+        for s in session["summary"]["servers"]
+        if s["arm"] == "fixed-plugin"
+    )
     counters = server["probe"]["spec_decode_metrics"]
     key = next(k for k in counters if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
     counters[key] += 1
-    assert serve.figures(sessions)["same_completions"] == {"tp1": False, "tp1-cudagraph": True, "tp2": True}
+    assert serve.figures(sessions)["same_completions"] == {
+        "tp1": False,
+        "tp1-cudagraph": True,
+        "tp2": True,
+    }
 
 
 def _run(arm, rep, rate, compiles=0, phase="timed"):
-    result = {"output_throughput": rate, "failed": 0, "completed": 64, "spec_decode_accepted_tokens": 100 + rep}
+    result = {
+        "output_throughput": rate,
+        "failed": 0,
+        "completed": 64,
+        "spec_decode_accepted_tokens": 100 + rep,
+    }
     return {"arm": arm, "phase": phase, "rep": rep, "jit_compiles": compiles, "result": result}
 
 
 def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_clean_figure(serve):
     runs = [_run("baseline", 100, 1.0, compiles=3, phase="warmup")]
-    for rep, (fixed, base) in enumerate([(99.0, 100.0), (101.0, 100.0), (50.0, 100.0), (100.0, 100.0)]):
-        runs += [_run("fixed-plugin", rep, fixed, compiles=2 if fixed == 50.0 else 0), _run("baseline", rep, base)]
+    for rep, (fixed, base) in enumerate(
+        [(99.0, 100.0), (101.0, 100.0), (50.0, 100.0), (100.0, 100.0)]
+    ):
+        runs += [
+            _run("fixed-plugin", rep, fixed, compiles=2 if fixed == 50.0 else 0),
+            _run("baseline", rep, base),
+        ]
     ratio = serve.bench_ratio(runs)
     assert ratio["fixed_arm"] == "fixed-plugin"
     assert ratio["clean"]["pairs"] == 3 and ratio["clean"]["ratio"] == 1.0
@@ -152,18 +201,23 @@ def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_
     assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
 
 
-def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_and_give_the_bugs_cost(serve):
+def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_and_give_the_bugs_cost(
+    serve,
+):
     runs = []
     for rep, (fixed, tolerant) in enumerate([(400.0, 100.0), (300.0, 100.0), (500.0, 100.0)]):
-        for arm, rate, accepted in (("tolerant-plugin", fixed, [1.0] * 5), ("tolerant", tolerant, [0.0] * 5)):
+        for arm, rate, accepted in (
+            ("tolerant-plugin", fixed, [1.0] * 5),
+            ("tolerant", tolerant, [0.0] * 5),
+        ):
             run = _run(arm, rep, rate)
             run["result"]["spec_decode_per_position_acceptance_rates"] = accepted
             runs.append(run)
     ratio = serve.bench_ratio(runs)
     assert (ratio["fixed_arm"], ratio["reference_arm"]) == ("tolerant-plugin", "tolerant")
-    assert ratio["clean"]["ratio"] == 4.0 and ratio["clean_reference_over_fixed"]["ratio"] == pytest.approx(
-        0.2611, 1e-3
-    )
+    assert ratio["clean"]["ratio"] == 4.0 and ratio["clean_reference_over_fixed"][
+        "ratio"
+    ] == pytest.approx(0.2611, 1e-3)
     assert ratio["acceptance_by_position"] == {"tolerant-plugin": [1.0] * 5, "tolerant": [0.0] * 5}
     # against baseline nothing of the kind is added: the committed figures keep their keys
     assert "reference_arm" not in serve.bench_ratio([dict(r, arm=r["arm"].replace("tolerant", "baseline"))
@@ -176,7 +230,11 @@ def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured(matrix)
     # A/B recipe says them
     serve = json.loads(EVIDENCE.read_text())
     calls, measured = max(
-        ((calls, b["clean"]) for calls, b in serve["figures"]["bench"].items() if b.get("reference_arm") == "tolerant"),
+        (
+            (calls, b["clean"])
+            for calls, b in serve["figures"]["bench"].items()
+            if b.get("reference_arm") == "tolerant"
+        ),
         key=lambda each: each[1]["pairs"],
     )
     on = {matrix.cards(serve)[call] for call in calls.split("+")}
@@ -184,7 +242,9 @@ def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured(matrix)
         r"saturated, the silent form's A made (\d+\.\d)x B's \(4-layer model, one (\w+)\)",
         (ROOT / "docs" / "OPERATORS.md").read_text(),
     )
-    assert measured["pairs"] >= 10 and len(on) == 1 and said == [(f"{measured['ratio']:.1f}", *on)], (said, measured)
+    assert (
+        measured["pairs"] >= 10 and len(on) == 1 and said == [(f"{measured['ratio']:.1f}", *on)]
+    ), (said, measured)
 
 
 def test_an_arms_spread_is_over_its_runs_that_compiled_nothing(serve):
@@ -205,7 +265,9 @@ def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
     import datetime
 
     def stamp(second: float) -> str:
-        return datetime.datetime.fromtimestamp(1_800_000_000 + second).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        return datetime.datetime.fromtimestamp(1_800_000_000 + second).strftime(
+            "%Y/%m/%d %H:%M:%S.%f"
+        )[:-3]
 
     samples = "\n".join([f"{stamp(0.5)}, 1980, 300.00", f"{stamp(1.0)}, 1500, 400.00", f"{stamp(2.5)}, 1980, 500.0",
                          f"{stamp(9.0)}, [N/A], 1.0", "not a sample"])  # fmt: skip
@@ -215,8 +277,15 @@ def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
         {"result": {}},
     ]
     serve.gpu_during(runs, samples)
-    assert runs[0]["cost"]["gpu"] == {"samples": 2, "sm_mhz_mean": 1740, "sm_mhz_min": 1500.0, "power_w_mean": 350.0}
-    assert "gpu" not in runs[1]["cost"] and runs[2] == {"result": {}}  # no usable sample in its span; no span
+    assert runs[0]["cost"]["gpu"] == {
+        "samples": 2,
+        "sm_mhz_mean": 1740,
+        "sm_mhz_min": 1500.0,
+        "power_w_mean": 350.0,
+    }
+    assert "gpu" not in runs[1]["cost"] and runs[2] == {
+        "result": {}
+    }  # no usable sample in its span; no span
 
 
 def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
@@ -229,22 +298,37 @@ def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
         reverted = arm.startswith(("bug", "fixed")) or arm in one
         assert ("vllm-rev" in env["PYTHONPATH"]) == reverted, arm
         assert ("vllm-tol" in env["PYTHONPATH"]) == arm.startswith("tolerant"), arm
-        assert not any(p.endswith("startup") for p in paths), arm  # only the launcher adds it, in the child
-        assert (prefix == ["dspark-hotfix", "run", "--"]) == (arm in ("bug", "fixed-launcher", "shim-hma-off")), arm
+        assert not any(p.endswith("startup") for p in paths), (
+            arm
+        )  # only the launcher adds it, in the child
+        assert (prefix == ["dspark-hotfix", "run", "--"]) == (
+            arm in ("bug", "fixed-launcher", "shim-hma-off")
+        ), arm
         shim = not arm.startswith("baseline") and arm != "tolerant"
         assert any(p.endswith("shim-site") for p in paths) == shim, arm
         selected = arm.partition("-")[2] if arm.startswith("only-") else f"-{arm.partition('-')[2]}"
         assert env.get("DSPARK_HOTFIX_PATCHES") == (selected if arm in one else None), arm
     assert envs["bug"][0]["DSPARK_HOTFIX"] == "0"
     assert all("DSPARK_HOTFIX" not in env for arm, (env, _) in envs.items() if arm != "bug")
-    assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(Path("m"), "shim-hma-off", 1, 1, 0.4)
+    assert "--disable-hybrid-kv-cache-manager" in serve.serve_command(
+        Path("m"), "shim-hma-off", 1, 1, 0.4
+    )
     assert "dummy" in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
-    assert "dummy" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4, real=True)  # the checkpoint's weights
-    assert "--disable-hybrid-kv-cache-manager" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
+    assert "dummy" not in serve.serve_command(
+        Path("m"), "baseline", 1, 1, 0.4, real=True
+    )  # the checkpoint's weights
+    assert "--disable-hybrid-kv-cache-manager" not in serve.serve_command(
+        Path("m"), "baseline", 1, 1, 0.4
+    )
     # tensor parallelism all-reduces through NCCL only: no NVLink multicast on a shared host
     assert "--disable-custom-all-reduce" in serve.serve_command(Path("m"), "baseline", 1, 2, 0.4)
-    assert "--disable-custom-all-reduce" not in serve.serve_command(Path("m"), "baseline", 1, 1, 0.4)
-    assert all(env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and env["NCCL_NVLS_ENABLE"] == "0" for env, _ in envs.values())
+    assert "--disable-custom-all-reduce" not in serve.serve_command(
+        Path("m"), "baseline", 1, 1, 0.4
+    )
+    assert all(
+        env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and env["NCCL_NVLS_ENABLE"] == "0"
+        for env, _ in envs.values()
+    )
 
 
 def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_its_shutdown(serve):
@@ -282,7 +366,9 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
 
 
-def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(serve, tmp_path, monkeypatch):
+def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(
+    serve, tmp_path, monkeypatch
+):
     # What runs on the GPU machine around `vllm serve`, here with a stand-in `vllm` on the arm's PATH.
     import argparse
     import socket
@@ -308,7 +394,9 @@ def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process
     log = (tmp_path / "01-baseline.log").read_text()
     assert "deep_gemm_warmup=relax" in log and server.record["deep_gemm_warmup"] == "relax"
     assert f"cpus={core}" in log and server.record["cpus"] == core  # pinned where the bench puts it
-    assert server.record["exit_code"] == 0 and server.record["processes"] == [f"EngineCore {server.proc.pid}"]
+    assert server.record["exit_code"] == 0 and server.record["processes"] == [
+        f"EngineCore {server.proc.pid}"
+    ]
     assert not server.wait_for("never logged", 5)  # a server that has exited is not waited for
 
 
@@ -365,7 +453,9 @@ if __name__ == "__main__":
 """
 
 
-def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(serve, tmp_path, monkeypatch):
+def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(
+    serve, tmp_path, monkeypatch
+):
     # The counts hook as the GPU machine runs it: a .pth in the interpreter's own site directory (here
     # a fresh venv's), the `fixed-plugin` arm's PYTHONPATH (the stand-in build in place of the
     # reverted copy), the shim activated by the plugin function alone, in the server and in its spawned
@@ -379,7 +469,9 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
 
     from tests.conftest import STANDIN
 
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True
+    )
     python = tmp_path / "venv" / "bin" / "python"
     site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
@@ -412,21 +504,36 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
     finally:
         server.stop()
     server.record = attached.record
-    assert "counts-hook" not in server.record["python_path"]  # nothing of the hook's on the arm's path
+    assert (
+        "counts-hook" not in server.record["python_path"]
+    )  # nothing of the hook's on the arm's path
     figure = serve.shim_calls(server.record)
     api, core = (name.split()[1] for name in server.record["processes"])
     assert figure["logged_processes"] == sorted([api, core]) and len(ready) == 3  # and the helper
-    assert figure["with_the_shim"] == {"ready": sorted([api, core]), "after-bench": sorted([api, core])}
+    assert figure["with_the_shim"] == {
+        "ready": sorted([api, core]),
+        "after-bench": sorted([api, core]),
+    }
     assert figure["activated_by"] == ["vllm-plugin"]
-    assert {p["hooks"] for p in ready.values()} == {1}  # one watcher in each process, the engine core's too
+    assert {p["hooks"] for p in ready.values()} == {
+        1
+    }  # one watcher in each process, the engine core's too
     assert figure["at_ready"]["toy_greeting"] == 3 and sum(figure["at_ready"].values()) == 3
-    assert figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}} and figure["serving_calls"] == 1
+    assert (
+        figure["added_after_ready"] == {"after-bench": {api: 1, core: 0}}
+        and figure["serving_calls"] == 1
+    )
     # /metrics as an SRE scrapes it: the API server's own gauges (one API server), at each reading
     metrics = server.record["metrics"]
     assert set(metrics) == {"ready", "after-bench"}
     for lines in metrics.values():
         assert f'dspark_hotfix_info{{activated_by="vllm-plugin",version="{VERSION}"}} 1.0' in lines
-        assert 'dspark_hotfix_patch_state{patch="toy_greeting",state="patched",stop="false"} 1.0' in lines
+        assert (
+            'dspark_hotfix_patch_state{patch="toy_greeting",state="patched",stop="false"} 1.0'
+            in lines
+        )
         assert 'dspark_hotfix_patch_needed{patch="toy_greeting",stop="false"} 1.0' in lines
-    figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])["metrics"]
+    figured = serve.figures([{"source": "call-1", "summary": {"servers": [server.record]}}])[
+        "metrics"
+    ]
     assert figured == {"call-1-02-fixed-plugin": {"arm": "fixed-plugin", **metrics}}

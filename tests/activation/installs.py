@@ -32,7 +32,9 @@ def two_installs_at_once() -> None:
 
     decide, decided = registry._decide, []
 
-    def slow(activation: Any, record: Any, module: Any) -> Any:  # widen the window between the first and the last
+    def slow(
+        activation: Any, record: Any, module: Any
+    ) -> Any:  # widen the window between the first and the last
         decided.append(record.patch.name)
         time.sleep(0.05)
         return decide(activation, record, module)
@@ -62,7 +64,11 @@ def status_after_a_function_is_put_back() -> None:
 
     Greeter.greet = Greeter.greet.__wrapped__  # somebody else puts the toy build's function back
     first = dspark_hotfix.status()
-    print(json.dumps([first == dspark_hotfix.status(), {r["name"]: r["state"] for r in first["patches"]}]))
+    print(
+        json.dumps(
+            [first == dspark_hotfix.status(), {r["name"]: r["state"] for r in first["patches"]}]
+        )
+    )
 
 
 def install_after_vllm() -> None:

@@ -112,7 +112,9 @@ def fork_while_a_thread_imports() -> None:
     if pid == 0:
         import dspark_hotfix
 
-        dspark_hotfix.install("vllm-plugin")  # a forked worker's plugin load: it must not wait for that import
+        dspark_hotfix.install(
+            "vllm-plugin"
+        )  # a forked worker's plugin load: it must not wait for that import
         rows = {r["name"]: [r["state"], r["detail"]] for r in dspark_hotfix.status()["patches"]}
         print(json.dumps(rows), flush=True)
         os._exit(0)
@@ -139,7 +141,9 @@ def metrics_after_an_interrupted_activation_and_a_whole_one() -> None:
     gauges = {}
     for line in prometheus_client.generate_latest().decode().splitlines():
         if line.startswith("dspark_hotfix_patch_state{") and line.endswith(" 1.0"):
-            labels = dict(part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(","))
+            labels = dict(
+                part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
             gauges[labels["patch"].strip('"')] = labels["state"].strip('"')
     print(json.dumps([gauges, states()]))
 

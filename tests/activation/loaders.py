@@ -22,9 +22,15 @@ from tests.child import import_toy_targets, print_status, use_toys
 def copies_of(spec: Any) -> list[Any]:
     """The spec's type of loader, and whether each copy of the spec (copy, deepcopy, pickle) and of its
     loader still reads the module's file."""
-    copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
+    copies = [
+        copy.copy(spec),
+        copy.deepcopy(spec),
+        pickle.loads(pickle.dumps(spec)),
+        copy.copy(spec.loader),
+    ]
     return [type(spec.loader).__name__] + [
-        (c.loader if hasattr(c, "loader") else c).get_filename(spec.name) == spec.origin for c in copies
+        (c.loader if hasattr(c, "loader") else c).get_filename(spec.name) == spec.origin
+        for c in copies
     ]
 
 
@@ -66,8 +72,10 @@ def vllm_executed_from_its_spec_outside_sys_modules() -> None:
     then_status()
 
 
-def outer_finder(exec_module: Callable[[Any, Any], None], create_module: Callable[[Any, Any], Any] | None = None,
-                 ) -> None:
+def outer_finder(
+    exec_module: Callable[[Any, Any], None],
+    create_module: Callable[[Any, Any], Any] | None = None,
+) -> None:
     """A finder ahead of the watcher that wraps whatever loader the finders after it give (the watcher's
     proxy) in an ``Outer`` loader, the way ddtrace's ModuleWatchdog does: ``exec_module(outer, module)`` is
     its exec_module, ``create_module(outer, spec)`` its create_module (by default the inner one's)."""
@@ -179,7 +187,9 @@ def wrapt_hook_on_vllm_registered_before_the_import() -> None:
     import wrapt
 
     fired: list[str] = []
-    wrapt.register_post_import_hook(lambda module: fired.append(type(module.__loader__).__name__), "vllm")
+    wrapt.register_post_import_hook(
+        lambda module: fired.append(type(module.__loader__).__name__), "vllm"
+    )
     import vllm  # noqa: F401
 
     print(fired)

@@ -14,7 +14,14 @@ import threading
 import time
 from typing import Any
 
-from tests.child import hang_guard, import_toy_targets, print_status, slow_import, use_toys, wrap_depths
+from tests.child import (
+    hang_guard,
+    import_toy_targets,
+    print_status,
+    slow_import,
+    use_toys,
+    wrap_depths,
+)
 
 # 1. A hang at start-up: activation ran in VllmImportWatcher.find_spec, under the global import lock.
 # Each child starts with the repository first on its path: the start-up hook is active.
@@ -110,7 +117,9 @@ def target_imported_while_the_package_executes() -> None:
 
     dspark_hotfix.install()
     inside = slow_import("vllm", "MainThread", then="colorsys")  # any module not imported yet
-    worker = threading.Thread(target=lambda: inside.wait(5) and importlib.import_module("vllm.toy_model"))
+    worker = threading.Thread(
+        target=lambda: inside.wait(5) and importlib.import_module("vllm.toy_model")
+    )
     worker.start()
     import vllm  # noqa: F401
 

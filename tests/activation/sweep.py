@@ -36,15 +36,22 @@ from typing import Any
 from tests.child import toy_calls, use_toys, wrap_depths
 
 KINDS = ("api_server", "engine_core", "worker")
-TOY_MODULES = ["vllm.toy_model", "vllm.toy_planner"]  # the toys' targets (the planner's is imported everywhere)
+TOY_MODULES = [
+    "vllm.toy_model",
+    "vllm.toy_planner",
+]  # the toys' targets (the planner's is imported everywhere)
 
 
 def imports(kind: str, modules: list[str]) -> list[str]:
     """A process kind's imports, in its order, where the patches target ``modules`` (the last one is
     imported everywhere)."""
-    return {"api_server": ["vllm", "prometheus_client", *reversed(modules)],
-            "engine_core": ["vllm", *modules, "prometheus_client"],
-            "worker": ["vllm", *modules[:-1], "prometheus_client"]}[kind]
+    return {
+        "api_server": ["vllm", "prometheus_client", *reversed(modules)],
+        "engine_core": ["vllm", *modules, "prometheus_client"],
+        "worker": ["vllm", *modules[:-1], "prometheus_client"],
+    }[kind]
+
+
 SHIM = os.path.join(os.sep, "dspark_hotfix", "")
 HUNG = 10.0  # seconds before a point's process counts as hung
 GENERATOR = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -57,7 +64,9 @@ def shim_code(code: Any, seen: dict[Any, bool] = {}) -> bool:  # noqa: B006  (a 
 
 
 # The jumps back where CPython checks for a signal (a loop's end): JUMP_BACKWARD_NO_INTERRUPT does not.
-BACKWARD = {code for name, code in dis.opmap.items() if "BACKWARD" in name and "NO_INTERRUPT" not in name}
+BACKWARD = {
+    code for name, code in dis.opmap.items() if "BACKWARD" in name and "NO_INTERRUPT" not in name
+}
 
 
 def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, Any, list[int]]:
@@ -88,8 +97,14 @@ def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, Any, list[int]]:
         elif event == "c_return":
             if not shim_code(frame.f_code):
                 return
-        elif event not in ("call", "return") or frame.f_code.co_flags & GENERATOR or not (
-                shim_code(frame.f_code) or (frame.f_back is not None and shim_code(frame.f_back.f_code))):
+        elif (
+            event not in ("call", "return")
+            or frame.f_code.co_flags & GENERATOR
+            or not (
+                shim_code(frame.f_code)
+                or (frame.f_back is not None and shim_code(frame.f_back.f_code))
+            )
+        ):
             return
         point()
 
@@ -110,8 +125,13 @@ def steps(path: str, names: list[str]) -> list[tuple[str, Any]]:
     import importlib
 
     imported = [(name, partial(importlib.import_module, name)) for name in names]
-    if path == "install":  # an application's `import dspark_hotfix; dspark_hotfix.install()`, retried whole
-        return [("install()", lambda: importlib.import_module("dspark_hotfix").install("api")), *imported]
+    if (
+        path == "install"
+    ):  # an application's `import dspark_hotfix; dspark_hotfix.install()`, retried whole
+        return [
+            ("install()", lambda: importlib.import_module("dspark_hotfix").install("api")),
+            *imported,
+        ]
     if path == "plugin":  # plugins load after much of vLLM: here before the kind's last import
         return [*imported[:-1], ("load_general_plugins()", load_plugins), imported[-1]]
     return imported
@@ -147,8 +167,16 @@ def plugin_distribution(folder: str) -> None:
     sys.path.append(folder)
 
 
-def run_point(path: str, kind: str, waiting: bool, every: bool, modules: list[str], at: int, out: int,
-              folder: str) -> None:
+def run_point(
+    path: str,
+    kind: str,
+    waiting: bool,
+    every: bool,
+    modules: list[str],
+    at: int,
+    out: int,
+    folder: str,
+) -> None:
     """One process of the sweep: the path interrupted at point ``at``, what the process does next, and what
     every reader says, written as JSON to ``out``."""
     stderr = os.open(os.path.join(folder, "stderr"), os.O_WRONLY | os.O_CREAT)
@@ -158,7 +186,9 @@ def run_point(path: str, kind: str, waiting: bool, every: bool, modules: list[st
     second: list[threading.Thread] = []
 
     def start_second() -> None:
-        thread = threading.Thread(target=run_steps, args=([second_step(path, modules)], []), daemon=True)
+        thread = threading.Thread(
+            target=run_steps, args=([second_step(path, modules)], []), daemon=True
+        )
         second.append(thread)
         thread.start()
         time.sleep(0.005)  # it runs until it waits for what the main thread holds
@@ -198,14 +228,27 @@ def readings() -> dict[str, Any]:
 
     status = dspark_hotfix.status()
     files = prometheus_client.CollectorRegistry()
-    multiprocess.MultiProcessCollector(files)  # vLLM's /metrics with more than one API server: read first
+    multiprocess.MultiProcessCollector(
+        files
+    )  # vLLM's /metrics with more than one API server: read first
     served = {"multiprocess": scraped(files), "single": scraped(prometheus_client.REGISTRY)}
     sys.stderr.flush()
     with open("/proc/self/fd/2") as said:
-        lines = [line for line in said.read().splitlines() if "dspark_hotfix" in line and " via " in line]
-    seen = {"depths": wrap_depths(), "calls": toy_calls(), "status": states(status), "line": last_state(lines),
-            "rows": [{k: v for k, v in r.items() if k not in ("calls", "corrections")} for r in status["patches"]],
-            "status_line": status["verdict"], **served}
+        lines = [
+            line for line in said.read().splitlines() if "dspark_hotfix" in line and " via " in line
+        ]
+    seen = {
+        "depths": wrap_depths(),
+        "calls": toy_calls(),
+        "status": states(status),
+        "line": last_state(lines),
+        "rows": [
+            {k: v for k, v in r.items() if k not in ("calls", "corrections")}
+            for r in status["patches"]
+        ],
+        "status_line": status["verdict"],
+        **served,
+    }
     report = doctor.report("api")  # last: it imports and activates what nothing did
     return {**seen, "doctor": [report["verdict"], states(report)]}
 
@@ -224,19 +267,28 @@ def scraped(registry: Any) -> dict[str, str]:
     found = {}
     for line in prometheus_client.generate_latest(registry).decode().splitlines():
         if line.startswith("dspark_hotfix_patch_state{") and line.endswith(" 1.0"):
-            labels = dict(p.split("=", 1) for p in line[line.index("{") + 1: line.index("}")].split(","))
+            labels = dict(
+                p.split("=", 1) for p in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
             found[labels["patch"].strip('"')] = labels["state"].strip('"')
     return found
 
 
-def sweep(path: str, kind: str, waiting: bool, every: bool = False, modules: list[str] | None = None) -> None:
+def sweep(
+    path: str, kind: str, waiting: bool, every: bool = False, modules: list[str] | None = None
+) -> None:
     """Every point of the path in turn, each in a forked process; prints the whole run's reading, then one
     JSON line per point whose reading differs from it (with its number), then the number of points. On the
     toys, or (``modules``: the real patches' targets) on the stand-in with the real patches."""
     if modules is None:
         use_toys()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # its values go to files (each point's own)
-    sys.pycache_prefix, sys.dont_write_bytecode = tempfile.mkdtemp(), False  # the shim compiled once, not per point
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = (
+        tempfile.mkdtemp()
+    )  # its values go to files (each point's own)
+    sys.pycache_prefix, sys.dont_write_bytecode = (
+        tempfile.mkdtemp(),
+        False,
+    )  # the shim compiled once, not per point
     import importlib.metadata  # noqa: F401  (what doctor reads)
 
     import prometheus_client  # noqa: F401
@@ -252,13 +304,16 @@ def sweep(path: str, kind: str, waiting: bool, every: bool = False, modules: lis
         reading = fork_point(path, kind, waiting, every, modules or TOY_MODULES, at)
         if reading["points"] < at and waiting and "error" not in reading:
             continue  # this interleaving ended sooner: no such point
-        if {k: v for k, v in reading.items() if k not in ("points", "interrupted")} != \
-                {k: v for k, v in whole.items() if k not in ("points", "interrupted")} or not reading["interrupted"]:
+        if {k: v for k, v in reading.items() if k not in ("points", "interrupted")} != {
+            k: v for k, v in whole.items() if k not in ("points", "interrupted")
+        } or not reading["interrupted"]:
             print(json.dumps({"at": at, **reading}))
     print(json.dumps(whole["points"]))
 
 
-def fork_point(path: str, kind: str, waiting: bool, every: bool, modules: list[str], at: int) -> dict[str, Any]:
+def fork_point(
+    path: str, kind: str, waiting: bool, every: bool, modules: list[str], at: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         r, w = os.pipe()
         pid = os.fork()
@@ -267,7 +322,9 @@ def fork_point(path: str, kind: str, waiting: bool, every: bool, modules: list[s
             try:
                 run_point(path, kind, waiting, every, modules, at, w, folder)
             except BaseException as exc:
-                os.write(w, json.dumps({"points": -1, "interrupted": [], "error": repr(exc)}).encode())
+                os.write(
+                    w, json.dumps({"points": -1, "interrupted": [], "error": repr(exc)}).encode()
+                )
             finally:
                 os._exit(0)
         os.close(w)
@@ -277,4 +334,8 @@ def fork_point(path: str, kind: str, waiting: bool, every: bool, modules: list[s
             text = f.read()
         os.waitpid(pid, 0)
         timer.cancel()
-        return json.loads(text) if text else {"points": -1, "interrupted": [], "error": "hung, or no reading"}
+        return (
+            json.loads(text)
+            if text
+            else {"points": -1, "interrupted": [], "error": "hung, or no reading"}
+        )

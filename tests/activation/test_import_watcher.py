@@ -29,7 +29,9 @@ def states(stdout: str) -> dict[str, str]:
 def test_a_vllm_spec_found_before_the_import_copies_deepcopies_and_pickles():
     # Availability checks call find_spec("vllm") before vLLM is imported: its loader is the proxy.
     proc = run(loaders.vllm_spec_copied_before_the_import)
-    assert proc.stdout.splitlines()[0] == '["ActivatingLoader", true, true, true, true]', proc.stderr
+    assert proc.stdout.splitlines()[0] == '["ActivatingLoader", true, true, true, true]', (
+        proc.stderr
+    )
     assert states(proc.stdout) == JUDGED, proc.stderr
 
 
@@ -38,7 +40,9 @@ def test_the_spec_of_a_hooked_module_found_before_its_import_copies_deepcopies_a
     # module, and prometheus_client) its own proxy loader: copies of those specs too, then the imports.
     proc = run(loaders.hooked_specs_copied_before_their_import, GREETING.module)
     copied = '["_ImportHookChainedLoader", true, true, true, true]'
-    assert proc.stdout.splitlines()[:3] == [copied, copied, "True"], proc.stderr  # prometheus_client hooked
+    assert proc.stdout.splitlines()[:3] == [copied, copied, "True"], (
+        proc.stderr
+    )  # prometheus_client hooked
     assert states(proc.stdout) == JUDGED, proc.stderr
 
 

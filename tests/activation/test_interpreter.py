@@ -49,7 +49,10 @@ from tests.conftest import (
 )
 from tests.toys import NAMES
 
-TOYS = (use_toys, import_toy_targets)  # a child's first steps: the toys as its patch set, their targets imported
+TOYS = (
+    use_toys,
+    import_toy_targets,
+)  # a child's first steps: the toys as its patch set, their targets imported
 
 
 def states(stdout: str) -> dict[str, str]:
@@ -60,17 +63,27 @@ def states(stdout: str) -> dict[str, str]:
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
     # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM on
     # sys.path itself, as an embedding application would.
-    code = program(watchers, module_names, partial(path_first, [str(REPO), str(STANDIN)]), *TOYS, wrap_depths,
-                   print_status)
+    code = program(
+        watchers,
+        module_names,
+        partial(path_first, [str(REPO), str(STANDIN)]),
+        *TOYS,
+        wrap_depths,
+        print_status,
+    )
     proc = run_python(code, flags=(flag,))
     watching, modules, depth, rows = json_lines(proc.stdout)
     assert watching == 0 and "dspark_hotfix" not in modules
     assert depth == UNWRAPPED
-    assert {(r["state"], r["detail"]) for r in rows.values()} == {("disabled", "not installed in this process")}
+    assert {(r["state"], r["detail"]) for r in rows.values()} == {
+        ("disabled", "not installed in this process")
+    }
     assert proc.stderr == ""
 
 
-@pytest.mark.parametrize(("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"])
+@pytest.mark.parametrize(
+    ("flags", "env"), [((), {"PYTHONSAFEPATH": "1"}), (("-P",), {})], ids=["PYTHONSAFEPATH", "-P"]
+)
 def test_safe_path_keeps_the_shim_active(flags, env):
     proc = run_python(program(*TOYS, wrap_depths, print_status), flags=flags, env=env)
     depth, rows = json_lines(proc.stdout)
@@ -100,8 +113,15 @@ def test_the_shim_writes_nothing_into_its_own_directory(read_only_shim):
     assert listing(read_only_shim) == before
 
 
-UNSHARE = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-           'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"']
+UNSHARE = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"',
+]
 
 
 def read_only_mount_works() -> bool:
@@ -111,17 +131,29 @@ def read_only_mount_works() -> bool:
         return subprocess.run([*UNSHARE, probe, "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not read_only_mount_works(), reason="needs unshare -m and a bind mount (CAP_SYS_ADMIN)")
+@pytest.mark.skipif(
+    not read_only_mount_works(), reason="needs unshare -m and a bind mount (CAP_SYS_ADMIN)"
+)
 def test_the_shim_runs_from_a_read_only_mount(read_only_shim):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(read_only_shim), str(STANDIN)]))
-    code = program(USE_LAST, import_toy_targets, print_status, toy_calls, partial(write, str(read_only_shim / "probe")))
+    code = program(
+        USE_LAST,
+        import_toy_targets,
+        print_status,
+        toy_calls,
+        partial(write, str(read_only_shim / "probe")),
+    )
     before = listing(read_only_shim)
-    proc = run_in_env([*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env)  # bytecode writes on
+    proc = run_in_env(
+        [*UNSHARE, str(read_only_shim), sys.executable, "-c", code], env
+    )  # bytecode writes on
     assert "Read-only file system" in proc.stderr  # the mount is really read-only, even for root
     rows, calls = json_lines(proc.stdout)
     assert {n: r["state"] for n, r in rows.items()} == JUDGED and calls == CORRECTED
     ours = [line for line in proc.stderr.splitlines() if "dspark_hotfix" in line]
-    assert len(ours) == 1 and len(summary_lines(proc.stderr)) == 1  # nothing from the shim but its summary
+    assert (
+        len(ours) == 1 and len(summary_lines(proc.stderr)) == 1
+    )  # nothing from the shim but its summary
     assert listing(read_only_shim) == before
 
 
@@ -142,21 +174,27 @@ def test_no_home_changes_nothing(home):
     assert warning_lines(proc.stderr) == []
 
 
-@pytest.fixture(params=["venv without wrapt", "wrapt raises ImportError", "wrapt raises RuntimeError"])
+@pytest.fixture(
+    params=["venv without wrapt", "wrapt raises ImportError", "wrapt raises RuntimeError"]
+)
 def no_wrapt(request, tmp_path):
     """How to run Python where ``import wrapt`` fails: (python, extra path entries)."""
     if request.param == "venv without wrapt":
         return str(request.getfixturevalue("bare_venv") / "bin" / "python"), ()
     error = request.param.split()[-1]
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "wrapt.py").write_text(program(partial(fail, error, "built for another Python")))  # no wrapt
+    (tmp_path / "broken" / "wrapt.py").write_text(
+        program(partial(fail, error, "built for another Python"))
+    )  # no wrapt
     return sys.executable, (tmp_path / "broken",)
 
 
 def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     python, extra = no_wrapt
     path = (*extra, REPO, STANDIN)
-    proc = run_python(program(*TOYS, wrap_depths, print_status, toy_calls), python=python, path=path)
+    proc = run_python(
+        program(*TOYS, wrap_depths, print_status, toy_calls), python=python, path=path
+    )
     depth, rows, calls = json_lines(proc.stdout)
     assert depth == UNWRAPPED
     assert calls == AS_SHIPPED  # the toy build as shipped, its bugs included
@@ -165,7 +203,9 @@ def test_without_wrapt_the_shim_says_so_once_and_leaves_vllm_alone(no_wrapt):
     warnings = warning_lines(proc.stderr)
     assert len(warnings) == 1 and "wrapt" in warnings[0] and "vLLM runs unpatched" in warnings[0]
     # The documented alert finds it: the process's last state line says problem.
-    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(NAMES)} failed ("), proc.stderr
+    assert state_of(summary_lines(proc.stderr)[-1]).startswith(f"problem: {len(NAMES)} failed ("), (
+        proc.stderr
+    )
 
 
 @pytest.mark.parametrize("switch", [None, "1"], ids=["unset", "the Dockerfile's 1"])
@@ -174,15 +214,33 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
     proc = run_python(program(module_names, watchers), path=(REPO,), env=env)
     loaded, watching = json_lines(proc.stdout)
     loaded = set(loaded)
-    assert watching == 1 and "sitecustomize" in loaded  # active: the start-up module, and no other of ours
+    assert (
+        watching == 1 and "sitecustomize" in loaded
+    )  # active: the start-up module, and no other of ours
     assert {m for m in loaded if m.startswith("dspark_hotfix")} == set()
     heavy = {"wrapt", "logging", "typing", "inspect", "importlib.abc", "__future__", "dataclasses"}
-    assert not loaded & (heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"})
+    assert not loaded & (
+        heavy | {"dspark_hotfix.registry", "dspark_hotfix.config", "dspark_hotfix.patches"}
+    )
 
 
 # Values start-up reads itself (blank, 1, 0, padded), and every other: each word in three cases, padded, and others.
-VALUES = ["", "  ", "1", " 1\t", "0", "0 ", *(f(w) for w in dspark_hotfix.TRUE_WORDS + dspark_hotfix.FALSE_WORDS
-                                           for f in (str.upper, str.title, lambda w: f" {w} ")), "2", "nein", "1 0"]
+VALUES = [
+    "",
+    "  ",
+    "1",
+    " 1\t",
+    "0",
+    "0 ",
+    *(
+        f(w)
+        for w in dspark_hotfix.TRUE_WORDS + dspark_hotfix.FALSE_WORDS
+        for f in (str.upper, str.title, lambda w: f" {w} ")
+    ),
+    "2",
+    "nein",
+    "1 0",
+]
 
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)
@@ -204,27 +262,47 @@ def test_with_stderr_closed_interpreter_start_goes_on(value):
     # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
     env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
     code = program(*TOYS, ran)
-    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" 2>&-', code], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -c "$0" 2>&-', code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
 
 
 @pytest.mark.parametrize("stderr", ["read-only", "broken pipe"])
-@pytest.mark.parametrize(("switch", "package"), [("disabled", True), (None, False)],
-                         ids=["malformed switch", "no package"])
-def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(tmp_path, switch, package, stderr):
+@pytest.mark.parametrize(
+    ("switch", "package"),
+    [("disabled", True), (None, False)],
+    ids=["malformed switch", "no package"],
+)
+def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(
+    tmp_path, switch, package, stderr
+):
     # Each case writes a line on stderr at start-up (a blank switch is on and silent: nothing to write);
     # a write that raised there ended every process.
     startup = REPO / "dspark_hotfix" / "startup"
     if not package:  # the start-up directory alone: the package is not two directories up
         startup = tmp_path / "a" / "b" / "c"
         startup.mkdir(parents=True)
-        shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", startup / "sitecustomize.py")
-    env = clean_env(PYTHONPATH=str(startup), **({} if switch is None else {"DSPARK_HOTFIX": switch}))
+        shutil.copy(
+            REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", startup / "sitecustomize.py"
+        )
+    env = clean_env(
+        PYTHONPATH=str(startup), **({} if switch is None else {"DSPARK_HOTFIX": switch})
+    )
     read, write = os.pipe()
     os.close(read)  # a pipe whose reader has gone: a write raises BrokenPipeError
     with open(os.devnull) if stderr == "read-only" else open(write, "w", closefd=False) as err:
-        proc = subprocess.run([sys.executable, "-c", program(ran)], env=env, stdout=subprocess.PIPE, stderr=err,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", program(ran)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=60,
+        )
     os.close(write)
     assert (proc.returncode, proc.stdout) == (0, "ran\n")

@@ -17,7 +17,8 @@ from tests.activation.test_interrupt_sweep import PATHS, before_install, swept
 @pytest.mark.sweep
 @pytest.mark.parametrize(("path", "kind"), PATHS)
 def test_on_the_stand_in_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_real_patches_applied(
-        path, kind):
+    path, kind
+):
     assert_stand_in(path, *swept(path, kind, False, modules=stand_in_modules()))
 
 
@@ -38,7 +39,9 @@ def stand_in_modules() -> list[str]:
 
 
 def assert_stand_in(path: str, whole: dict, failed: list, points: int) -> None:
-    assert whole["status_line"] in ("fixing", "guarding") and whole["line"].startswith(whole["status_line"]), whole
+    assert whole["status_line"] in ("fixing", "guarding") and whole["line"].startswith(
+        whole["status_line"]
+    ), whole
     assert set(whole["status"].values()) <= {"patched", "not_needed"}, whole
     assert whole["doctor"] == [whole["status_line"], whole["status"]], whole
     assert whole["multiprocess"] == whole["single"] == whole["status"], whole

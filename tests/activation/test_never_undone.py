@@ -109,16 +109,23 @@ def sitecustomize_file() -> str:
 def test_a_probe_that_cannot_tell_leaves_vllm_as_shipped_and_the_verdict_undecided(shim, capsys):
     # The toy build's greet reads an attribute its probe's stand-in lacks: the probe cannot tell. The patch is
     # not applied as if it were needed, and doctor's gate does not pass.
-    build = shim((GREETING,), {"vllm/toy_model.py": [('return f"helo, {name}"', 'return f"helo, {name}{self.mark}"')]})
+    build = shim(
+        (GREETING,),
+        {"vllm/toy_model.py": [('return f"helo, {name}"', 'return f"helo, {name}{self.mark}"')]},
+    )
     dspark_hotfix.install("api")
     import vllm.toy_model
 
     row = build.status()[GREETING.name]
-    assert (row["state"], row["needed"]) == ("undecided", None) and "probe inconclusive" in row["detail"], row
+    assert (row["state"], row["needed"]) == ("undecided", None) and "probe inconclusive" in row[
+        "detail"
+    ], row
     assert not hasattr(vars(vllm.toy_model.Greeter)["greet"], "__wrapped__")
     assert dspark_hotfix.status()["verdict"] == "undecided"
     (warning,) = build.lines("WARNING")
-    assert warning.startswith(f"{GREETING.name}: cannot patch ") and warning.endswith("vLLM runs unpatched")
+    assert warning.startswith(f"{GREETING.name}: cannot patch ") and warning.endswith(
+        "vLLM runs unpatched"
+    )
     capsys.readouterr()
     assert cli.main(["status"]) == 1
 
@@ -128,7 +135,7 @@ def test_metrics_agree_with_status_after_an_interrupted_activation_and_a_whole_o
     # are not the process's.
     pytest.importorskip("prometheus_client")
     proc = in_child(interrupts.metrics_after_an_interrupted_activation_and_a_whole_one)
-    (gauges, states), = json_lines(proc.stdout)
+    ((gauges, states),) = json_lines(proc.stdout)
     assert gauges == states == JUDGED, proc.stderr
 
 
@@ -142,7 +149,9 @@ def test_a_function_replaced_after_the_line_is_said_by_status_and_metrics_as_the
     vllm.toy_model.Greeter.greet = greet.__wrapped__  # another tool's own method, over the wrapper
     assert toys.status()[GREETING.name]["state"] == "failed"
     assert dspark_hotfix.status()["verdict"] == "problem"
-    readme = " ".join((REPO / "README.md").read_text().split())  # the sentence as read, across its line breaks
+    readme = " ".join(
+        (REPO / "README.md").read_text().split()
+    )  # the sentence as read, across its line breaks
     assert "A function another tool replaces after the line" in readme
 
 
@@ -151,5 +160,5 @@ def test_a_child_forked_after_a_whole_activation_is_patched_as_its_parent_withou
     # vLLM sets its plugins-loaded flag before it calls a plugin, and a forked child inherits it: the child
     # never activates again, so it must run with what its parent did.
     proc = in_child(interrupts.fork_after_a_whole_activation)
-    (depth, states), = json_lines(proc.stdout)
+    ((depth, states),) = json_lines(proc.stdout)
     assert depth == WRAPPED and states == JUDGED, proc.stderr

@@ -40,7 +40,9 @@ def in_venv(venv: dict, *args: str, path: tuple[Path | str, ...] = (STANDIN,), *
     full = clean_env(**env)
     full["PATH"] = f"{venv['bin']}{os.pathsep}{full.get('PATH', '')}"
     full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    return subprocess.run(list(args), env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"]))
+    return subprocess.run(
+        list(args), env=full, capture_output=True, text=True, timeout=120, cwd=str(venv["root"])
+    )
 
 
 def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv):
@@ -48,21 +50,27 @@ def test_doctor_reports_a_plugin_entry_with_a_space_as_a_problem_naming_it(venv)
     report = json.loads(proc.stdout)
     assert proc.returncode == 1, proc.stdout
     assert report["plugin"]["visible"] and not report["plugin"]["allowed"]
-    assert any(f"VLLM_PLUGINS={SPACED!r}" in p and "' dspark_hotfix'" in p for p in report["problems"]), \
-        report["problems"]
+    assert any(
+        f"VLLM_PLUGINS={SPACED!r}" in p and "' dspark_hotfix'" in p for p in report["problems"]
+    ), report["problems"]
 
 
 def test_the_standins_plugin_loader_does_not_load_a_plugin_entry_with_a_space(venv):
     proc = in_venv(venv, str(venv["python"]), "-c", PLUGINS, VLLM_PLUGINS=SPACED)
     assert proc.returncode == 0, proc.stderr
     rows = last_json(proc.stdout)
-    assert {r["state"] for r in rows.values()} == {"disabled"}, rows  # as vLLM 0.25.0 does: not loaded
+    assert {r["state"] for r in rows.values()} == {"disabled"}, (
+        rows
+    )  # as vLLM 0.25.0 does: not loaded
     assert all(r["detail"] == "not installed in this process" for r in rows.values())
 
 
 def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
-    proc = run_in_venv(venv, program(USE_LAST, import_toy_targets, load_plugins, print_status, package_file),
-                       path=(STANDIN,))
+    proc = run_in_venv(
+        venv,
+        program(USE_LAST, import_toy_targets, load_plugins, print_status, package_file),
+        path=(STANDIN,),
+    )
     assert proc.returncode == 0, proc.stderr
     rows, package = json_lines(proc.stdout)
     assert {n: r["state"] for n, r in rows.items()} == JUDGED
@@ -71,13 +79,20 @@ def test_plugin_entry_point_patches_when_vllm_loads_plugins(venv):
 
 
 def test_plugin_loaded_before_the_targets_patches_them_on_import(venv):
-    code = program(USE_LAST, partial(import_modules, ["vllm"]), load_plugins, import_toy_targets, print_status)
+    code = program(
+        USE_LAST, partial(import_modules, ["vllm"]), load_plugins, import_toy_targets, print_status
+    )
     proc = run_in_venv(venv, code, path=(STANDIN,))
     assert {n: r["state"] for n, r in last_json(proc.stdout).items()} == JUDGED, proc.stderr
 
 
-@pytest.mark.parametrize(("env", "why"), [({"VLLM_PLUGINS": "someone_else"}, "not installed"),
-                                          ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off")])
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"VLLM_PLUGINS": "someone_else"}, "not installed"),
+        ({"DSPARK_HOTFIX": "0"}, "DSPARK_HOTFIX='0' turns the shim off"),
+    ],
+)
 def test_plugin_honours_vllm_plugins_and_the_switch(venv, env, why):
     proc = run_in_venv(venv, PLUGINS, path=(STANDIN,), **env)
     rows = last_json(proc.stdout)
@@ -90,5 +105,9 @@ def test_both_paths_share_one_installer(venv):
     proc = run_in_venv(venv, PLUGINS, path=(startup_dir(venv), STANDIN))
     rows = last_json(proc.stdout)
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert [state_of(line) for line in summary_lines(proc.stderr)][-1] == JUDGED_LINE  # one activation's lines
-    assert len({line.split(" via ")[1] for line in summary_lines(proc.stderr)}) == len(summary_lines(proc.stderr))
+    assert [state_of(line) for line in summary_lines(proc.stderr)][
+        -1
+    ] == JUDGED_LINE  # one activation's lines
+    assert len({line.split(" via ")[1] for line in summary_lines(proc.stderr)}) == len(
+        summary_lines(proc.stderr)
+    )

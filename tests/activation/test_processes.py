@@ -14,7 +14,14 @@ import pytest
 
 from tests.activation import workers
 from tests.activation.children import JUDGED, JUDGED_LINE, UNWRAPPED, WRAPPED
-from tests.conftest import call_in_child, json_lines, last_json, state_of, summary_lines, warning_lines
+from tests.conftest import (
+    call_in_child,
+    json_lines,
+    last_json,
+    state_of,
+    summary_lines,
+    warning_lines,
+)
 from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, TOYS
 
 TARGETS = sorted({p.module for p in TOYS})
@@ -22,7 +29,9 @@ POOL_TIMEOUT = 120  # seconds: a pool starts its workers one after the other
 
 
 def ran(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
     return proc
 
 
@@ -40,8 +49,11 @@ def test_sixteen_threads_importing_at_once_apply_each_patch_exactly_once(attempt
 
 def test_the_thread_script_imports_cleanly_without_the_shim():
     # The control: the race itself imports every target without error, and wraps nothing.
-    errors, depth = json_lines(ran(call_in_child(workers.sixteen_threads, TARGETS, False,
-                                                 env={"DSPARK_HOTFIX": "0"})).stdout)
+    errors, depth = json_lines(
+        ran(
+            call_in_child(workers.sixteen_threads, TARGETS, False, env={"DSPARK_HOTFIX": "0"})
+        ).stdout
+    )
     assert errors == [] and depth == UNWRAPPED
 
 
@@ -59,8 +71,11 @@ def test_forked_and_forkserver_children_are_patched_once_each(method, parent_imp
         assert depth == WRAPPED
         assert states == JUDGED
         assert greeting == "hello, ada"  # the child's greeting is corrected
-    pids = [line.split("(pid ", 1)[1].split(")", 1)[0] for line in summary_lines(proc.stderr)
-            if state_of(line) == JUDGED_LINE]  # each process's line
+    pids = [
+        line.split("(pid ", 1)[1].split(")", 1)[0]
+        for line in summary_lines(proc.stderr)
+        if state_of(line) == JUDGED_LINE
+    ]  # each process's line
     assert len(pids) == len(set(pids)), "patched twice in one process"
     # A fork after patching inherits the wrapper: only the parent says it patched.
     assert set(pids) == ({str(parent)} if parent_imports else {str(p) for p in children})
@@ -81,10 +96,14 @@ def reloads() -> list[tuple[set[str], dict, dict]]:
 
 def test_reload_is_a_stated_limit_the_reloaded_target_runs_as_shipped_never_half_wrapped(reloads):
     # As with wrapt, a reloaded module's functions are new and its hooks have fired: README says so.
-    assert [reloaded for reloaded, _, _ in reloads] == [{GREETING.name, FAREWELL.name},
-                                                          {GREETING.name, FAREWELL.name, PLANNER.name}]
+    assert [reloaded for reloaded, _, _ in reloads] == [
+        {GREETING.name, FAREWELL.name},
+        {GREETING.name, FAREWELL.name, PLANNER.name},
+    ]
     for reloaded, depth, _ in reloads:
-        assert depth == {name: UNWRAPPED[name] if name in reloaded else WRAPPED[name] for name in NAMES}
+        assert depth == {
+            name: UNWRAPPED[name] if name in reloaded else WRAPPED[name] for name in NAMES
+        }
 
 
 def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patched(reloads):
@@ -92,11 +111,16 @@ def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patc
     # absent target stays absent: still not needed.
     for reloaded, _, status in reloads:
         states = {row["name"]: row["state"] for row in status["patches"]}
-        assert states == {name: "failed" if name in reloaded and state == "patched" else state
-                          for name, state in JUDGED.items()}
+        assert states == {
+            name: "failed" if name in reloaded and state == "patched" else state
+            for name, state in JUDGED.items()
+        }
         assert status["verdict"] == "problem"
-        assert all("no longer the shim's wrapper" in row["detail"] for row in status["patches"]
-                   if row["name"] in reloaded and JUDGED[row["name"]] == "patched")
+        assert all(
+            "no longer the shim's wrapper" in row["detail"]
+            for row in status["patches"]
+            if row["name"] in reloaded and JUDGED[row["name"]] == "patched"
+        )
 
 
 def test_spawn_children_are_each_patched():

@@ -43,10 +43,18 @@ def test_no_patch_imports_the_registry():
     # One direction of imports: start-up -> registry -> patches -> corrections.
     for path in sorted((REPO / "dspark_hotfix" / "patches").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
-            assert not [n for n in names if n.split(".")[:2] in (["dspark_hotfix", "registry"],
-                                                                 ["dspark_hotfix", "hooks"])], path
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{a.name}" for a in node.names]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not [
+                n
+                for n in names
+                if n.split(".")[:2] in (["dspark_hotfix", "registry"], ["dspark_hotfix", "hooks"])
+            ], path
 
 
 def test_status_reads_whatever_happened_to_vllm_since_and_logs_nothing():
@@ -55,7 +63,9 @@ def test_status_reads_whatever_happened_to_vllm_since_and_logs_nothing():
     same, states = json.loads(proc.stdout)
     # what status() reads is vLLM's attribute: the function put back is no longer patched
     assert same and states == {**JUDGED, GREETING.name: "failed"}
-    assert all(line.startswith("INFO ") for line in proc.stderr.splitlines())  # status() itself logs nothing
+    assert all(
+        line.startswith("INFO ") for line in proc.stderr.splitlines()
+    )  # status() itself logs nothing
 
 
 def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
@@ -133,4 +143,7 @@ def test_a_wrapt_without_the_loader_the_shims_finder_hands_out_is_unusable_and_v
     depth, rows = json_lines(proc.stdout)[-2:]
     assert depth == UNWRAPPED, depth
     assert {r["state"] for r in rows.values()} == {"failed"}, rows
-    assert "wrapt is not usable (AttributeError" in proc.stderr and "_ImportHookChainedLoader" in proc.stderr
+    assert (
+        "wrapt is not usable (AttributeError" in proc.stderr
+        and "_ImportHookChainedLoader" in proc.stderr
+    )

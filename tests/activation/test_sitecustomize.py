@@ -44,7 +44,10 @@ from tests.conftest import (
 )
 from tests.toys import GREETING, NAMES
 
-TOYS = (use_toys, import_toy_targets)  # a child's first steps: the toys as its patch set, their targets imported
+TOYS = (
+    use_toys,
+    import_toy_targets,
+)  # a child's first steps: the toys as its patch set, their targets imported
 
 
 def test_pythonpath_activation_patches_every_target_on_import():
@@ -64,8 +67,14 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text(
-        program(partial(say_on_stderr, "shadowed sitecustomize ran"), partial(set_environ, "SHADOWED", "1")))
-    proc = run_python(program(*TOYS, print_status, partial(environ, "SHADOWED")), path=(REPO, STANDIN, other))
+        program(
+            partial(say_on_stderr, "shadowed sitecustomize ran"),
+            partial(set_environ, "SHADOWED", "1"),
+        )
+    )
+    proc = run_python(
+        program(*TOYS, print_status, partial(environ, "SHADOWED")), path=(REPO, STANDIN, other)
+    )
     assert proc.stderr.count("shadowed sitecustomize ran") == 1
     rows, shadowed = json_lines(proc.stdout)
     assert shadowed == "1" and rows[GREETING.name]["state"] == "patched"
@@ -74,9 +83,14 @@ def test_shadowed_sitecustomize_runs_exactly_once(tmp_path):
 def test_a_raising_shadowed_sitecustomize_is_reported_like_site_does(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    (other / "sitecustomize.py").write_text(program(partial(fail, "ValueError", "broken image customisation")))
+    (other / "sitecustomize.py").write_text(
+        program(partial(fail, "ValueError", "broken image customisation"))
+    )
     proc = run_python(program(*TOYS, print_status), path=(REPO, STANDIN, other))
-    assert "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image" in proc.stderr
+    assert (
+        "Error in sitecustomize (chained by dspark_hotfix):\nValueError: broken image"
+        in proc.stderr
+    )
     assert last_json(proc.stdout)[GREETING.name]["state"] == "patched"
 
 
@@ -87,21 +101,37 @@ STARTUP = REPO / "dspark_hotfix" / "startup"
 
 
 def ours(file: str | None) -> bool:
-    return file is not None and os.path.realpath(file) == os.path.realpath(STARTUP / "sitecustomize.py")
+    return file is not None and os.path.realpath(file) == os.path.realpath(
+        STARTUP / "sitecustomize.py"
+    )
 
 
 def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(STARTUP, target_is_directory=True)
-    code = program(USE_LAST, import_toy_targets, print_status, partial(environ, "PYTHONPATH"), watchers)
-    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code), path=(link, STANDIN),
-                 cwd=REPO)
+    code = program(
+        USE_LAST, import_toy_targets, print_status, partial(environ, "PYTHONPATH"), watchers
+    )
+    proc = child(
+        args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code),
+        path=(link, STANDIN),
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, launched_path, watching = json_lines(proc.stdout)
     # Both aliases reach the command (ours first); chain() takes the link off sys.path while it imports.
     assert launched_path.split(os.pathsep) == [str(STARTUP), str(link), str(STANDIN)]
     # `python -v` says each module it executes: our sitecustomize once, no second copy chained through the link.
-    assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
+    assert (
+        len(
+            [
+                line
+                for line in proc.stderr.splitlines()
+                if line.startswith("import 'sitecustomize' ")
+            ]
+        )
+        == 1
+    )
     assert watching == 1
     assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
@@ -111,11 +141,23 @@ def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ou
     # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented way to
     # deploy it): the launcher puts the start-up directory first and keeps the root.
     code = program(use_toys, partial(run_cli, "doctor", "--json"))
-    proc = child(args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code),
-                 path=(REPO, STANDIN), cwd=STANDIN)
+    proc = child(
+        args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code),
+        path=(REPO, STANDIN),
+        cwd=STANDIN,
+    )
     report = json.loads(proc.stdout)
     assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
-    assert len([line for line in proc.stderr.splitlines() if line.startswith("import 'sitecustomize' ")]) == 1
+    assert (
+        len(
+            [
+                line
+                for line in proc.stderr.splitlines()
+                if line.startswith("import 'sitecustomize' ")
+            ]
+        )
+        == 1
+    )
 
 
 def path_last(entry: str) -> None:
@@ -142,15 +184,25 @@ def shadowed(tmp_path):
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
     # The image's customisation runs at start-up, before the child's code (and without the checkout on sys.path:
     # chain() takes ours off while it imports): the toys are its patch set there.
-    other = shadowed(program(USE_LAST, import_toy_targets, partial(say_on_stderr, "image customisation imported vllm")))
-    proc = run_python(program(import_toy_targets, wrap_depths, print_status), path=(REPO, STANDIN, other))
+    other = shadowed(
+        program(
+            USE_LAST,
+            import_toy_targets,
+            partial(say_on_stderr, "image customisation imported vllm"),
+        )
+    )
+    proc = run_python(
+        program(import_toy_targets, wrap_depths, print_status), path=(REPO, STANDIN, other)
+    )
     depth, rows = json_lines(proc.stdout)
     assert "image customisation imported vllm" in proc.stderr
     assert depth == WRAPPED and {n: r["state"] for n, r in rows.items()} == JUDGED
 
 
 def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_path):
-    other = shadowed(program(partial(path_first, ["/opt/image/first"]), partial(path_last, "/opt/image/extra")))
+    other = shadowed(
+        program(partial(path_first, ["/opt/image/first"]), partial(path_last, "/opt/image/extra"))
+    )
     code = program(sys_path)
     with_shim = last_json(run_python(code, path=(REPO, STANDIN, other), cwd=tmp_path).stdout)
     without = last_json(run_python(code, path=(STANDIN, other), cwd=tmp_path).stdout)
@@ -179,13 +231,17 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     # wrong interpreter, say. vLLM's import goes on; the line names the interpreter and the fix.
     lonely = tmp_path / "a" / "b" / "c"
     lonely.mkdir(parents=True)
-    shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", lonely / "sitecustomize.py")
+    shutil.copy(
+        REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", lonely / "sitecustomize.py"
+    )
     proc = run_python(program(import_vllm), path=(lonely, STANDIN), cwd=tmp_path)
     assert proc.stdout.strip() == "vllm imported"
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
-    assert line.endswith(f"install it into this interpreter from a checkout or a wheel: "
-                         f"{sys.executable} -m pip install PATH")
+    assert line.endswith(
+        f"install it into this interpreter from a checkout or a wheel: "
+        f"{sys.executable} -m pip install PATH"
+    )
 
 
 def test_a_sourceless_install_chains_the_image_sitecustomize_once(tmp_path, shadowed):
@@ -195,7 +251,9 @@ def test_a_sourceless_install_chains_the_image_sitecustomize_once(tmp_path, shad
     for source in shim.rglob("*.py"):
         source.unlink()
     other = shadowed(program(image_ran))
-    proc = run_python(program(watchers), path=(shim / "dspark_hotfix" / "startup", other), check=False)
+    proc = run_python(
+        program(watchers), path=(shim / "dspark_hotfix" / "startup", other), check=False
+    )
     assert proc.returncode == 0 and "RecursionError" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["image sitecustomize ran", "1"]
 

@@ -21,17 +21,26 @@ def relied_on() -> dict[str, object]:
     return {
         "version": wrapt.__version__,
         "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
-        "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__ == type(threading.RLock()).__name__,
+        "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__
+        == type(threading.RLock()).__name__,
         "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
         "finder": isinstance(getattr(i, "ImportHookFinder", None), type),
-        "finder_first": "sys.meta_path.insert(0, ImportHookFinder())" in inspect.getsource(i.register_post_import_hook),
+        "finder_first": "sys.meta_path.insert(0, ImportHookFinder())"
+        in inspect.getsource(i.register_post_import_hook),
         "notify_pops": "_post_import_hooks.pop(" in inspect.getsource(i.notify_module_loaded),
     }
 
 
 def expected(version: str) -> dict:
-    return {"version": version, "hooks": "dict", "lock": True, "chained": True, "finder": True, "finder_first": True,
-            "notify_pops": True}
+    return {
+        "version": version,
+        "hooks": "dict",
+        "lock": True,
+        "chained": True,
+        "finder": True,
+        "finder_first": True,
+        "notify_pops": True,
+    }
 
 
 def test_the_wrapt_of_this_venv_has_what_the_registry_relies_on():

@@ -64,9 +64,11 @@ def ddtrace_at_work() -> dict[str, bool]:
     import vllm
     import vllm.v1.engine.output_processor as output_processor
 
-    return {"watchdog": any(type(f).__name__ == "_UniversalModuleWatchdog" for f in sys.meta_path),
-            "vllm_integration": getattr(vllm, "_datadog_patch", False),
-            "engine_wrapped": hasattr(output_processor.OutputProcessor.process_outputs, "__wrapped__")}
+    return {
+        "watchdog": any(type(f).__name__ == "_UniversalModuleWatchdog" for f in sys.meta_path),
+        "vllm_integration": getattr(vllm, "_datadog_patch", False),
+        "engine_wrapped": hasattr(output_processor.OutputProcessor.process_outputs, "__wrapped__"),
+    }
 
 
 def opentelemetry_at_work() -> dict[str, bool]:
@@ -74,8 +76,12 @@ def opentelemetry_at_work() -> dict[str, bool]:
 
     from opentelemetry import trace
 
-    return {"sitecustomize": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
-            "sdk_tracer_provider": type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.sdk")}
+    return {
+        "sitecustomize": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
+        "sdk_tracer_provider": type(trace.get_tracer_provider()).__module__.startswith(
+            "opentelemetry.sdk"
+        ),
+    }
 
 
 def shim_says() -> dict[str, Any] | None:
@@ -87,25 +93,44 @@ def shim_says() -> dict[str, Any] | None:
     import dspark_hotfix
 
     status = dspark_hotfix.status()
-    return {"activated_by": status["activated_by"], "states": {r["name"]: r["state"] for r in status["patches"]}}
+    return {
+        "activated_by": status["activated_by"],
+        "states": {r["name"]: r["state"] for r in status["patches"]},
+    }
 
 
 DDTRACE = Tool(
-    "ddtrace", ("ddtrace==4.16.0",), "ddtrace-run",
-    {"DD_TRACE_VLLM_ENABLED": "true", "DD_TRACE_AGENT_URL": "http://127.0.0.1:9",
-     "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false", "DD_REMOTE_CONFIGURATION_ENABLED": "false",
-     "DD_CRASHTRACKING_ENABLED": "false"},
-    ddtrace_at_work)
+    "ddtrace",
+    ("ddtrace==4.16.0",),
+    "ddtrace-run",
+    {
+        "DD_TRACE_VLLM_ENABLED": "true",
+        "DD_TRACE_AGENT_URL": "http://127.0.0.1:9",
+        "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false",
+        "DD_REMOTE_CONFIGURATION_ENABLED": "false",
+        "DD_CRASHTRACKING_ENABLED": "false",
+    },
+    ddtrace_at_work,
+)
 OPENTELEMETRY = Tool(
-    "opentelemetry", ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1"),
+    "opentelemetry",
+    ("opentelemetry-distro==0.66b1", "opentelemetry-instrumentation==0.66b1"),
     "opentelemetry-instrument",
     {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"},
-    opentelemetry_at_work)
+    opentelemetry_at_work,
+)
 TOOLS = (DDTRACE, OPENTELEMETRY)
-ORDERS = ("tool-outside-launcher", "tool-inside-launcher", "tool-outside-pythonpath", "tool-inside-pythonpath",
-          "plugin-only")
+ORDERS = (
+    "tool-outside-launcher",
+    "tool-inside-launcher",
+    "tool-outside-pythonpath",
+    "tool-inside-pythonpath",
+    "plugin-only",
+)
 # OpenTelemetry's sitecustomize does not import the one it shadows: where it goes first, ours never runs.
-NOT_ACTIVE = {("opentelemetry", "tool-inside-pythonpath")}  # (inside the launcher: refused, see the test)
+NOT_ACTIVE = {
+    ("opentelemetry", "tool-inside-pythonpath")
+}  # (inside the launcher: refused, see the test)
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +146,26 @@ def tool_site(tool: Tool, python: str) -> Path:
     wanted = " ".join((*tool.pins, WRAPT))
     if stamp.exists() and stamp.read_text() == wanted:
         return target
-    proc = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade",
-                           "--target", str(target), *wanted.split()], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"could not install {wanted} from PyPI into {target}:\n{proc.stderr[-3000:]}"
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--upgrade",
+            "--target",
+            str(target),
+            *wanted.split(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (
+        f"could not install {wanted} from PyPI into {target}:\n{proc.stderr[-3000:]}"
+    )
     stamp.write_text(wanted)
     return target
 
@@ -132,17 +174,41 @@ def tool_site(tool: Tool, python: str) -> Path:
 def plugin_site(wheel, tmp_path_factory) -> Path:
     """The wheel alone (no dependencies): its entry point is all that activates the shim."""
     site = tmp_path_factory.mktemp("plugin-site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--target", str(site), str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return site
 
 
-def argv_and_env(tool: Tool, order: str, site: Path, plugins: Path, python: str) -> tuple[list[str], dict[str, str]]:
+def argv_and_env(
+    tool: Tool, order: str, site: Path, plugins: Path, python: str
+) -> tuple[list[str], dict[str, str]]:
     # vLLM imported (and its plugins loaded, where the plugin alone activates), every patch's target, then what
     # the child says: the other tool's work, and the shim's.
-    code = program(partial(import_modules, ["vllm"]), *([load_plugins] if order == "plugin-only" else []),
-                   partial(import_present, status_shape.target_modules()), tool.at_work, shim_says)
-    env = clean_env(**tool.env, PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(site))
+    code = program(
+        partial(import_modules, ["vllm"]),
+        *([load_plugins] if order == "plugin-only" else []),
+        partial(import_present, status_shape.target_modules()),
+        tool.at_work,
+        shim_says,
+    )
+    env = clean_env(
+        **tool.env, PATH=f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(site)
+    )
     # The launcher runs from the checkout; it takes the checkout off the command's PYTHONPATH.
     launcher = [python, "-m", "dspark_hotfix", "run", "--"]
     launcher_path = f"{site}{os.pathsep}{REPO}"
@@ -154,15 +220,21 @@ def argv_and_env(tool: Tool, order: str, site: Path, plugins: Path, python: str)
         script = 'export PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}"; exec "$2" -c "$3"'
         return [tool.command, "sh", "-c", script, "sh", startup_dir(), python, code], env
     if order == "tool-inside-pythonpath":
-        return [tool.command, python, "-c", code], dict(env, PYTHONPATH=f"{startup_dir()}{os.pathsep}{site}")
+        return [tool.command, python, "-c", code], dict(
+            env, PYTHONPATH=f"{startup_dir()}{os.pathsep}{site}"
+        )
     return [tool.command, python, "-c", code], dict(env, PYTHONPATH=f"{plugins}{os.pathsep}{site}")
 
 
 @pytest.fixture(scope="module")
-def outcomes(vllm_python, plugin_site, tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+def outcomes(
+    vllm_python, plugin_site, tmp_path_factory
+) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
     """Every combination's child, run at once (one vLLM import each)."""
     sites = {tool.name: tool_site(tool, vllm_python) for tool in TOOLS}
-    cwd = tmp_path_factory.mktemp("cwd")  # OpenTelemetry's launcher puts the working directory on PYTHONPATH
+    cwd = tmp_path_factory.mktemp(
+        "cwd"
+    )  # OpenTelemetry's launcher puts the working directory on PYTHONPATH
 
     def run(case: tuple[Tool, str]) -> subprocess.CompletedProcess[str]:
         tool, order = case
@@ -171,7 +243,9 @@ def outcomes(vllm_python, plugin_site, tmp_path_factory) -> dict[tuple[str, str]
 
     cases = [(tool, order) for tool in TOOLS for order in ORDERS]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return dict(zip([(tool.name, order) for tool, order in cases], pool.map(run, cases), strict=True))
+        return dict(
+            zip([(tool.name, order) for tool, order in cases], pool.map(run, cases), strict=True)
+        )
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -181,10 +255,14 @@ def test_vllm_imports_with_the_shim_and_the_other_tool_both_at_work(outcomes, to
     if (tool, order) == ("opentelemetry", "tool-inside-launcher"):
         # OpenTelemetry's sitecustomize would go first and chain nobody: the launcher runs nothing, and says
         # which order works.
-        assert proc.returncode == 1 and "opentelemetry-instrument" in proc.stderr, proc.stderr[-3000:]
+        assert proc.returncode == 1 and "opentelemetry-instrument" in proc.stderr, proc.stderr[
+            -3000:
+        ]
         assert "dspark-hotfix run --" in proc.stderr, proc.stderr[-3000:]
         return
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     other, shim = json_lines(proc.stdout)[-2:]
     report = {"other": other, "shim": shim}
     assert all(report["other"].values()), (report, proc.stderr[-3000:])
@@ -194,4 +272,7 @@ def test_vllm_imports_with_the_shim_and_the_other_tool_both_at_work(outcomes, to
         assert "[dspark_hotfix]" not in proc.stderr, proc.stderr[-3000:]
         return
     want = "vllm-plugin" if order == "plugin-only" else "sitecustomize"
-    assert report["shim"] == {"activated_by": want, "states": EXPECTED}, (report, proc.stderr[-3000:])
+    assert report["shim"] == {"activated_by": want, "states": EXPECTED}, (
+        report,
+        proc.stderr[-3000:],
+    )

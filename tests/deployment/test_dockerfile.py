@@ -51,17 +51,24 @@ def test_every_base_image_is_an_argument():
 def test_the_version_argument_is_the_packages_version():
     # The install step names the wheel by this version, so a build cannot label another one.
     assert args()["DSPARK_HOTFIX_VERSION"] == dspark_hotfix.__version__
-    labels = {k: v.strip('"') for i in instructions() if i.cmd == "LABEL"
-              for k, v in zip(i.value[::2], i.value[1::2], strict=True)}
-    assert labels == dict.fromkeys(("org.opencontainers.image.version", "io.dspark-hotfix.version"),
-                                   "${DSPARK_HOTFIX_VERSION}")
+    labels = {
+        k: v.strip('"')
+        for i in instructions()
+        if i.cmd == "LABEL"
+        for k, v in zip(i.value[::2], i.value[1::2], strict=True)
+    }
+    assert labels == dict.fromkeys(
+        ("org.opencontainers.image.version", "io.dspark-hotfix.version"), "${DSPARK_HOTFIX_VERSION}"
+    )
 
 
 def test_the_wheel_is_mounted_not_copied_and_installed_without_deps():
     every = instructions()
-    final = every[max(n for n, i in enumerate(every) if i.cmd == "FROM"):]
+    final = every[max(n for n, i in enumerate(every) if i.cmd == "FROM") :]
     assert not [i for i in final if i.cmd in ("COPY", "ADD")]
-    (install,) = [i for i in final if i.cmd == "RUN" and "--mount=type=bind,from=wheel" in " ".join(i.flags)]
+    (install,) = [
+        i for i in final if i.cmd == "RUN" and "--mount=type=bind,from=wheel" in " ".join(i.flags)
+    ]
     assert "pip install --no-cache-dir --no-deps" in install.value[0]
 
 
@@ -75,9 +82,15 @@ def test_the_build_context_holds_what_the_wheel_stage_copies():
 def test_doctor_runs_last_and_only_not_needed_with_the_switch_passes():
     runs = [i.value[0] for i in instructions() if i.cmd == "RUN"]
     # No bytecode of the vLLM doctor imports: the step writes nothing into the image (the OCI tier counts the layers).
-    assert re.match(r"PYTHONDONTWRITEBYTECODE=1 \$\{PYTHON\} -m dspark_hotfix doctor \|\|", runs[-1])
+    assert re.match(
+        r"PYTHONDONTWRITEBYTECODE=1 \$\{PYTHON\} -m dspark_hotfix doctor \|\|", runs[-1]
+    )
     script = runs[-1].split("||", 1)[1]
     for rc, allow, expected in ((1, "1", 1), (3, "0", 3), (3, "1", 0), (2, "1", 2)):
-        proc = subprocess.run(["sh", "-c", f"(exit {rc}) ||{script}"], env={"ALLOW_NOT_NEEDED": allow},
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["sh", "-c", f"(exit {rc}) ||{script}"],
+            env={"ALLOW_NOT_NEEDED": allow},
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == expected, (rc, allow, proc.stdout, proc.stderr)

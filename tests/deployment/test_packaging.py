@@ -56,8 +56,11 @@ def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
 
 
 def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
-    code = program(partial(import_modules, status_shape.target_modules()), print_status,
-                   partial(environ, "IMAGE_SITECUSTOMIZE"))
+    code = program(
+        partial(import_modules, status_shape.target_modules()),
+        print_status,
+        partial(environ, "IMAGE_SITECUSTOMIZE"),
+    )
     proc = run_in_venv(venv, code, path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
     rows, image = json_lines(proc.stdout)
@@ -71,7 +74,10 @@ def clone(root: Path, umask: int, mtime: int) -> Path:
     scripts/dist.py under test."""
     from tests.conftest import REPO
 
-    subprocess.run(["sh", "-c", f'umask {umask:03o} && git clone -q "$0" "$1"', str(REPO), str(root)], check=True)
+    subprocess.run(
+        ["sh", "-c", f'umask {umask:03o} && git clone -q "$0" "$1"', str(REPO), str(root)],
+        check=True,
+    )
     (root / "scripts" / "dist.py").write_bytes((REPO / "scripts" / "dist.py").read_bytes())
     for path in root.rglob("*"):
         if ".git" not in path.relative_to(root).parts:
@@ -79,25 +85,46 @@ def clone(root: Path, umask: int, mtime: int) -> Path:
     return root
 
 
-def make_dist(tree: Path, out: Path, umask: int = 0o022, prefix: tuple[str, ...] = (),
-              **env: str) -> dict[str, bytes]:
+def make_dist(
+    tree: Path, out: Path, umask: int = 0o022, prefix: tuple[str, ...] = (), **env: str
+) -> dict[str, bytes]:
     """``make dist`` of ``tree`` into ``out``, run under ``umask``: the files it made, by name."""
-    proc = subprocess.run([*prefix, "sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", sys.executable,
-                           str(tree / "scripts" / "dist.py"), str(out)], cwd=tree, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            *prefix,
+            "sh",
+            "-c",
+            f'umask {umask:03o} && exec "$@"',
+            "sh",
+            sys.executable,
+            str(tree / "scripts" / "dist.py"),
+            str(out),
+        ],
+        cwd=tree,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {p.name: p.read_bytes() for p in out.iterdir()}
 
 
 def git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(tree), *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(tree), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def released(tree: Path) -> tuple[str, str]:
     """The newest release the CHANGELOG names: its version and its commit."""
     import re
 
-    found = re.search(r"^## (\d+\.\d+\.\d+) \(\S+, commit ([0-9a-f]+)\)$", (tree / "CHANGELOG.md").read_text(), re.M)
+    found = re.search(
+        r"^## (\d+\.\d+\.\d+) \(\S+, commit ([0-9a-f]+)\)$",
+        (tree / "CHANGELOG.md").read_text(),
+        re.M,
+    )
     assert found is not None
     return found[1], git(tree, "rev-parse", found[2])
 
@@ -112,8 +139,14 @@ def built_as(tree: Path) -> str:
 
 
 def names(version: str) -> list[str]:
-    return sorted(["SHA256SUMS", f"dspark_hotfix-{version}-py3-none-any.whl", f"dspark_hotfix-{version}.tar.gz",
-                   dist_module().WRAPT_WHEEL])
+    return sorted(
+        [
+            "SHA256SUMS",
+            f"dspark_hotfix-{version}-py3-none-any.whl",
+            f"dspark_hotfix-{version}.tar.gz",
+            dist_module().WRAPT_WHEEL,
+        ]
+    )
 
 
 def test_make_dist_builds_the_same_bytes_under_any_umask_and_lists_their_sums(tmp_path):
@@ -121,23 +154,40 @@ def test_make_dist_builds_the_same_bytes_under_any_umask_and_lists_their_sums(tm
     import time
 
     # Each umask's bits in turn: the clone's files and the build's own (setuptools writes the wheel's files).
-    umasks = [0o022, *(1 << bit for bit in range(6)), 0o077]  # the owner's bits left alone: it reads what it wrote
-    built = [make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}", umask=umask)
-             for n, (umask, mtime) in enumerate((u, int(time.time()) if n % 2 else 1_000_000_000)
-                                                for n, u in enumerate(umasks))]
+    umasks = [
+        0o022,
+        *(1 << bit for bit in range(6)),
+        0o077,
+    ]  # the owner's bits left alone: it reads what it wrote
+    built = [
+        make_dist(clone(tmp_path / f"clone{n}", umask, mtime), tmp_path / f"dist{n}", umask=umask)
+        for n, (umask, mtime) in enumerate(
+            (u, int(time.time()) if n % 2 else 1_000_000_000) for n, u in enumerate(umasks)
+        )
+    ]
     first = built[0]
     assert sorted(first) == names(built_as(REPO))
     assert all(other == first for other in built[1:])  # byte for byte, the sums included
     sums = dict(line.split("  ")[::-1] for line in first["SHA256SUMS"].decode().splitlines())
-    assert sums == {name: hashlib.sha256(data).hexdigest() for name, data in first.items() if name != "SHA256SUMS"}
-    assert sums[dist_module().WRAPT_WHEEL] == dist_module().WRAPT_SHA256  # the bytes pinned, whatever was served
+    assert sums == {
+        name: hashlib.sha256(data).hexdigest()
+        for name, data in first.items()
+        if name != "SHA256SUMS"
+    }
+    assert (
+        sums[dist_module().WRAPT_WHEEL] == dist_module().WRAPT_SHA256
+    )  # the bytes pinned, whatever was served
 
 
 def test_make_dist_runs_offline_once_it_has_run(tmp_path):
     tree = clone(tmp_path / "clone", 0o022, 1_000_000_000)
-    cache = str(tmp_path / "cache")  # a cache of its own: the first build fetches wrapt's wheel into it
+    cache = str(
+        tmp_path / "cache"
+    )  # a cache of its own: the first build fetches wrapt's wheel into it
     online = make_dist(tree, tmp_path / "online", DSPARK_HOTFIX_CACHE=cache)
-    assert make_dist(tree, tmp_path / "offline", prefix=offline(), DSPARK_HOTFIX_CACHE=cache) == online
+    assert (
+        make_dist(tree, tmp_path / "offline", prefix=offline(), DSPARK_HOTFIX_CACHE=cache) == online
+    )
 
 
 def test_only_the_release_commit_is_built_as_the_release(tmp_path):
@@ -146,16 +196,25 @@ def test_only_the_release_commit_is_built_as_the_release(tmp_path):
     assert built_as(tree) != version  # this commit came after the release
     later = make_dist(tree, tmp_path / "later")
     assert sorted(later) == names(built_as(tree))
-    with zipfile.ZipFile(tmp_path / "later" / f"dspark_hotfix-{built_as(tree)}-py3-none-any.whl") as wheel:
-        assert f'__version__ = "{built_as(tree)}"' in wheel.read("dspark_hotfix/__init__.py").decode()
+    with zipfile.ZipFile(
+        tmp_path / "later" / f"dspark_hotfix-{built_as(tree)}-py3-none-any.whl"
+    ) as wheel:
+        assert (
+            f'__version__ = "{built_as(tree)}"' in wheel.read("dspark_hotfix/__init__.py").decode()
+        )
     # The release's commit, built by today's make dist: the release's name, and its files as committed.
     git(tree, "checkout", "-q", "--force", commit)  # clone() put today's dist.py there
     (tree / "scripts" / "dist.py").write_bytes((REPO / "scripts" / "dist.py").read_bytes())
     made = make_dist(tree, tmp_path / "release")
     assert sorted(made) == names(version)
-    with zipfile.ZipFile(tmp_path / "release" / f"dspark_hotfix-{version}-py3-none-any.whl") as wheel:
-        committed = subprocess.run(["git", "-C", str(tree), "show", f"{commit}:dspark_hotfix/__init__.py"],
-                                   check=True, capture_output=True).stdout
+    with zipfile.ZipFile(
+        tmp_path / "release" / f"dspark_hotfix-{version}-py3-none-any.whl"
+    ) as wheel:
+        committed = subprocess.run(
+            ["git", "-C", str(tree), "show", f"{commit}:dspark_hotfix/__init__.py"],
+            check=True,
+            capture_output=True,
+        ).stdout
         assert wheel.read("dspark_hotfix/__init__.py") == committed
 
 
@@ -163,7 +222,9 @@ def test_make_dist_refuses_a_wrapt_wheel_whose_sum_is_not_the_pinned_one(tmp_pat
     module = dist_module()
     monkeypatch.setattr(module, "WRAPT_SHA256", "0" * 64)
     monkeypatch.setenv("DSPARK_HOTFIX_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(SystemExit, match=f"{module.WRAPT_WHEEL} has sha256 [0-9a-f]{{64}}, not 0{{64}}"):
+    with pytest.raises(
+        SystemExit, match=f"{module.WRAPT_WHEEL} has sha256 [0-9a-f]{{64}}, not 0{{64}}"
+    ):
         module.wrapt_wheel(tmp_path / "out")
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
@@ -175,8 +236,12 @@ def test_make_dist_builds_the_commit_not_the_working_tree(tmp_path):
     committed = init.read_bytes()
     init.write_bytes(committed + b"EDITED = 1\n")  # modified, not committed
     make_dist(tree, tmp_path / "dist")
-    version = built_as(tree)  # the commit's own version line, as make dist writes it after a release
-    expected = committed.replace(f'__version__ = "{__version__}"'.encode(), f'__version__ = "{version}"'.encode())
+    version = built_as(
+        tree
+    )  # the commit's own version line, as make dist writes it after a release
+    expected = committed.replace(
+        f'__version__ = "{__version__}"'.encode(), f'__version__ = "{version}"'.encode()
+    )
     with zipfile.ZipFile(tmp_path / "dist" / f"dspark_hotfix-{version}-py3-none-any.whl") as wheel:
         assert "dspark_hotfix/stray.py" not in wheel.namelist()
         assert wheel.read("dspark_hotfix/__init__.py") == expected

@@ -110,7 +110,9 @@ def cuda_device() -> Any:
         pytest.skip(NEEDS + f"torch {torch.__version__} sees no CUDA device")
     capability = torch.cuda.get_device_capability()
     if capability[0] not in (9, 10):
-        pytest.skip(f"FlashMLA sparse decode needs SM90 or SM100; this GPU is SM{capability[0]}{capability[1]}")
+        pytest.skip(
+            f"FlashMLA sparse decode needs SM90 or SM100; this GPU is SM{capability[0]}{capability[1]}"
+        )
     props = torch.cuda.get_device_properties(0)
     _evidence["environment"].update(
         gpu=props.name,

@@ -74,7 +74,9 @@ def _random_tokens(n: int, generator: torch.Generator, device: torch.device) -> 
     # Each 64-value tile gets its own magnitude (2^-3 .. 2^3) so that a scale read
     # from the wrong token or tile shows up as a large error, not a subtle one.
     values = torch.randn(n, HEAD_DIM, generator=generator, device=device)
-    tile_gain = torch.exp2(torch.randint(-3, 4, (n, HEAD_DIM // 64), generator=generator, device=device).float())
+    tile_gain = torch.exp2(
+        torch.randint(-3, 4, (n, HEAD_DIM // 64), generator=generator, device=device).float()
+    )
     return values * tile_gain.repeat_interleave(64, dim=1)
 
 
@@ -160,7 +162,9 @@ def make_decode_case(
         extra_pool = PagePool.allocate(extra_pages, block_size, page_stride, device)
         _fill_pool(extra_pool, generator)
         compressed = [(0, n // COMPRESS_RATIO) for n in seq_lens]
-        extra = _cache(extra_pool, compressed, EXTRA_TOPK, generator, select=EXTRA_TOPK, invalid_fraction=0.1)
+        extra = _cache(
+            extra_pool, compressed, EXTRA_TOPK, generator, select=EXTRA_TOPK, invalid_fraction=0.1
+        )
 
     sink = None
     if attn_sink:

@@ -52,7 +52,9 @@ class PagePool:
     page_stride: int
 
     @classmethod
-    def allocate(cls, num_blocks: int, block_size: int, page_stride: int, device: torch.device | str) -> PagePool:
+    def allocate(
+        cls, num_blocks: int, block_size: int, page_stride: int, device: torch.device | str
+    ) -> PagePool:
         buffer = torch.zeros(num_blocks * page_stride, dtype=torch.uint8, device=device)
         return cls(buffer, num_blocks, block_size, page_stride)
 
@@ -76,9 +78,9 @@ class PagePool:
         body = (page_base + in_page * TOKEN_BODY_BYTES).unsqueeze(1) + torch.arange(
             TOKEN_BODY_BYTES, device=self.buffer.device
         )
-        scales = (page_base + self.block_size * TOKEN_BODY_BYTES + in_page * SCALE_BYTES).unsqueeze(1) + torch.arange(
-            SCALE_BYTES, device=self.buffer.device
-        )
+        scales = (page_base + self.block_size * TOKEN_BODY_BYTES + in_page * SCALE_BYTES).unsqueeze(
+            1
+        ) + torch.arange(SCALE_BYTES, device=self.buffer.device)
         return body, scales
 
     def write(self, slots: torch.Tensor, k: torch.Tensor) -> None:

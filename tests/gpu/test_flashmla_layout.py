@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed")
+torch = pytest.importorskip(
+    "torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed"
+)
 
 from .decode_case import EXTRA_TOPK, H_Q, SM_SCALE, SWA_WINDOW, geometry, make_decode_case  # noqa: E402
 from .fp8_ds_mla import BYTES_PER_TOKEN, HEAD_DIM, PagePool  # noqa: E402
@@ -57,13 +59,18 @@ def test_pre_fix_swa_view_raises_the_reported_error(
     pool = PagePool.allocate(8, block_size, page_stride, cuda_device)
 
     with pytest.raises(RuntimeError) as raised:
-        flashmla.sparse_decode(kv=pool.kernel_view(bytes_per_token), **_minimal_inputs(2, cuda_device))
+        flashmla.sparse_decode(
+            kv=pool.kernel_view(bytes_per_token), **_minimal_inputs(2, cuda_device)
+        )
 
     message = str(raised.value)
     assert MAIN_SHAPE_ERROR in message
     assert EXTRA_SHAPE_ERROR not in message
     evidence["pre_fix_main_cache"] = {
-        "view": {"shape": list(pool.kernel_view(bytes_per_token).shape), "page_stride": page_stride},
+        "view": {
+            "shape": list(pool.kernel_view(bytes_per_token).shape),
+            "page_stride": page_stride,
+        },
         "error": message.splitlines()[0],
         # Whether the page under the buggy view could hold the real layout: if it
         # can, only the view's last dimension is wrong, which is what the shim fixes.
@@ -172,7 +179,9 @@ def test_corrected_layout_attends_like_fp32_reference(
     scale = float(ref_out.abs().max())
     bound = RTOL * ref_out.abs() + ATOL_OF_MAX * scale
     lse_error = (_lse_per_head(lse, case.batch) - ref_lse).abs()
-    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), ref_out.double().flatten(), dim=0)
+    cosine = torch.nn.functional.cosine_similarity(
+        got.double().flatten(), ref_out.double().flatten(), dim=0
+    )
     valid = case.swa.valid().sum() + (case.extra.valid().sum() if case.extra else 0)
     evidence[f"correctness_{layer}"] = {
         "batch": case.batch,

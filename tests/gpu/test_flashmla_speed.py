@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed")
+torch = pytest.importorskip(
+    "torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed"
+)
 
 from .decode_case import H_Q, SM_SCALE, geometry, make_decode_case  # noqa: E402
 from .fp8_ds_mla import BYTES_PER_TOKEN, HEAD_DIM  # noqa: E402

@@ -46,8 +46,12 @@ def exit_code(*argv: str) -> int | str | None:
 def test_help_names_the_switches_and_the_exit_codes_in_plain_text(capsys):
     assert exit_code("--help") == 0
     out = capsys.readouterr().out
-    for text in ("DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT", "exit status",
-                 "3  removable: this vLLM needs none of the patches"):
+    for text in (
+        "DSPARK_HOTFIX_PATCHES",
+        "DSPARK_HOTFIX_STRICT",
+        "exit status",
+        "3  removable: this vLLM needs none of the patches",
+    ):
         assert text in out
     assert "``" not in out and ":func:" not in out
 
@@ -67,7 +71,9 @@ def test_status_and_doctor_print_one_object_with_the_same_patch_fields():
         assert report["schema"] == 2 and isinstance(report["pid"], int)
         assert report["activated_by"] == "sitecustomize" and report["verdict"] == "fixing"
         assert all(set(row) == FIELDS for row in report["patches"])
-    assert [(r["name"], r["state"]) for r in s["patches"]] == [(r["name"], r["state"]) for r in d["patches"]]
+    assert [(r["name"], r["state"]) for r in s["patches"]] == [
+        (r["name"], r["state"]) for r in d["patches"]
+    ]
     assert all(key == key.lower() and " " not in key for key in d["python"])  # machine keys
 
 
@@ -86,8 +92,14 @@ def test_status_import_targets_exits_1_without_vllm():
     assert proc.returncode == 1 and "PROBLEM       vLLM cannot be imported by " in proc.stdout
 
 
-@pytest.mark.parametrize("env", [{"DSPARK_HOTFIX_STRICT": "very"}, {"DSPARK_HOTFIX": "disabled"},
-                                 {"DSPARK_HOTFIX_PATCHES": f"{GREETING.name},-{GREETING.name}"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"DSPARK_HOTFIX_STRICT": "very"},
+        {"DSPARK_HOTFIX": "disabled"},
+        {"DSPARK_HOTFIX_PATCHES": f"{GREETING.name},-{GREETING.name}"},
+    ],
+)
 def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
     proc = cli("doctor", "--json", env=env)
     report = json.loads(proc.stdout)
@@ -97,7 +109,9 @@ def test_doctor_exits_1_on_a_malformed_or_contradicting_switch(env):
 
 def test_path_command_names_a_directory_holding_only_our_sitecustomize(venv):
     directory = startup_dir(venv)
-    assert sorted(p.name for p in directory.iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]
+    assert sorted(p.name for p in directory.iterdir() if p.name != "__pycache__") == [
+        "sitecustomize.py"
+    ]
     assert directory.is_relative_to(venv["purelib"])
 
 
@@ -105,4 +119,7 @@ def test_version_flag_prints_the_version(venv):
     import dspark_hotfix
 
     proc = run_in_venv(venv, args=("dspark-hotfix", "--version"))
-    assert (proc.returncode, proc.stdout.strip()) == (0, f"dspark-hotfix {dspark_hotfix.__version__}")
+    assert (proc.returncode, proc.stdout.strip()) == (
+        0,
+        f"dspark-hotfix {dspark_hotfix.__version__}",
+    )

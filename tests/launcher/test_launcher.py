@@ -36,8 +36,11 @@ PROBE = program(watchers)
 
 def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
     """``python -m dspark_hotfix run -- command...`` from ``cwd``, the package importable from the checkout."""
-    return run_in_env([sys.executable, "-m", "dspark_hotfix", "run", "--", *command],
-                      env or clean_env(PYTHONPATH=str(REPO)), cwd=cwd)
+    return run_in_env(
+        [sys.executable, "-m", "dspark_hotfix", "run", "--", *command],
+        env or clean_env(PYTHONPATH=str(REPO)),
+        cwd=cwd,
+    )
 
 
 # Each: the words after `python`, the options CPython reads there, the option that keeps the shim out.
@@ -51,12 +54,19 @@ OPTIONS = [
     (["-W", "ignore", "-S", "-c", PROBE], ["-W", "ignore", "-S"], "-S"),
     (["-IBc", PROBE], ["-IB"], "-I"),
     (["-sE", "-m", "probe"], ["-sE"], "-E"),
-    (["--check-hash-based-pycs", "always", "-I", "-c", PROBE], ["--check-hash-based-pycs", "always", "-I"], "-I"),
+    (
+        ["--check-hash-based-pycs", "always", "-I", "-c", PROBE],
+        ["--check-hash-based-pycs", "always", "-I"],
+        "-I",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "options"), [case[:2] for case in OPTIONS], ids=[" ".join(c[1]) or "none"
-                                                                                     for c in OPTIONS])
+@pytest.mark.parametrize(
+    ("args", "options"),
+    [case[:2] for case in OPTIONS],
+    ids=[" ".join(c[1]) or "none" for c in OPTIONS],
+)
 def test_run_reads_the_options_cpython_reads_before_the_command(args, options):
     assert interpreter_options(args) == options
 
@@ -67,8 +77,12 @@ def test_run_reads_the_options_cpython_reads_before_the_command(args, options):
 CASES = [OPTIONS[i] for i in (0, 2, 3, 5, 6, 8)]
 
 
-@pytest.mark.parametrize(("args", "options", "kept_out_by"), CASES, ids=[" ".join(c[1]) or "none" for c in CASES])
-def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_path, args, options, kept_out_by):
+@pytest.mark.parametrize(
+    ("args", "options", "kept_out_by"), CASES, ids=[" ".join(c[1]) or "none" for c in CASES]
+)
+def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(
+    tmp_path, args, options, kept_out_by
+):
     # That -I, -S and -E keep the shim out of an interpreter they start is tests/activation/test_interpreter.py's
     # test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so; here, that the launcher reads them.
     (tmp_path / "probe.py").write_text(PROBE)
@@ -79,10 +93,13 @@ def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(tmp_pat
     else:
         assert proc.returncode == 1 and proc.stdout == "", proc.stderr
         (line,) = proc.stderr.splitlines()
-        assert line.startswith(f"dspark-hotfix run: the shim would not be active in "
-                               f"{' '.join([sys.executable, *options])} (the interpreter of "), line
-        assert f"): {kept_out_by}: " in line and line.endswith(" start it without "
-                                                               + ("-S" if kept_out_by == "-S" else "that option"))
+        assert line.startswith(
+            f"dspark-hotfix run: the shim would not be active in "
+            f"{' '.join([sys.executable, *options])} (the interpreter of "
+        ), line
+        assert f"): {kept_out_by}: " in line and line.endswith(
+            " start it without " + ("-S" if kept_out_by == "-S" else "that option")
+        )
         assert "pip install" not in line  # the package is installed: the option keeps it out
 
 
@@ -92,23 +109,39 @@ def test_run_of_a_script_reads_the_options_of_its_shebang(tmp_path):
     script.chmod(0o755)
     proc = launch(tmp_path, str(script))
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
-    assert f"would not be active in {sys.executable} -Es (the interpreter of {script}): -E: " in proc.stderr
+    assert (
+        f"would not be active in {sys.executable} -Es (the interpreter of {script}): -E: "
+        in proc.stderr
+    )
 
 
-def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim(tmp_path, bare_venv):
+def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim(
+    tmp_path, bare_venv
+):
     # A venv without wrapt: the checkout's sitecustomize finds the package, wrapt is missing.
     python = str(bare_venv / "bin" / "python")
     proc = launch(tmp_path, python, "-c", PROBE)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
-    assert (f"No module named 'wrapt'; install it there from the wheel you built: {python} -m pip install "
-            f"dspark_hotfix-{__version__}-py3-none-any.whl") in proc.stderr
+    assert (
+        f"No module named 'wrapt'; install it there from the wheel you built: {python} -m pip install "
+        f"dspark_hotfix-{__version__}-py3-none-any.whl"
+    ) in proc.stderr
     isolated = launch(tmp_path, python, "-I", "-c", PROBE)
     assert isolated.returncode == 1 and "-I: it ignores PYTHONPATH" in isolated.stderr
     assert "pip install" not in isolated.stderr  # installing would not help while -I stays
 
 
 def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
-    command = [sys.executable, "-m", "dspark_hotfix", "run", "--", sys.executable, "-c", program(ran)]
+    command = [
+        sys.executable,
+        "-m",
+        "dspark_hotfix",
+        "run",
+        "--",
+        sys.executable,
+        "-c",
+        program(ran),
+    ]
     for switch, said in ((None, ""), ("0", "; DSPARK_HOTFIX='0' turns the hotfix off in it")):
         env = clean_env(PYTHONPATH=str(REPO), **({"DSPARK_HOTFIX": switch} if switch else {}))
         proc = run_in_env(command, env, cwd=tmp_path)
@@ -118,26 +151,43 @@ def test_run_says_when_the_switch_turns_the_hotfix_off_in_the_command(tmp_path):
 
 
 def test_each_exit_of_run_before_the_command_runs_is_in_its_help_as_it_happens(tmp_path):
-    help_text = run_in_env([sys.executable, "-m", "dspark_hotfix", "run", "--help"], clean_env(PYTHONPATH=str(REPO)),
-                           cwd=tmp_path).stdout
-    listed = dict(re.findall(r"^  (\d+) +(.+)$", help_text.partition("exit status of run:")[2], re.MULTILINE))
-    garbage = tmp_path / "not-a-program"  # executable, but neither a binary nor a script: exec refuses it
+    help_text = run_in_env(
+        [sys.executable, "-m", "dspark_hotfix", "run", "--help"],
+        clean_env(PYTHONPATH=str(REPO)),
+        cwd=tmp_path,
+    ).stdout
+    listed = dict(
+        re.findall(r"^  (\d+) +(.+)$", help_text.partition("exit status of run:")[2], re.MULTILINE)
+    )
+    garbage = (
+        tmp_path / "not-a-program"
+    )  # executable, but neither a binary nor a script: exec refuses it
     garbage.write_bytes(b"\x00\x01\x02")
     garbage.chmod(0o755)
-    refusing = tmp_path / "opentelemetry-instrument"  # a wrapper that would start the command without the shim
+    refusing = (
+        tmp_path / "opentelemetry-instrument"
+    )  # a wrapper that would start the command without the shim
     refusing.write_text("#!/bin/sh\nexit 0\n")
     refusing.chmod(0o755)
     env = clean_env(PYTHONPATH=str(REPO), PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     happened = {
-        "usage error": run_in_env([sys.executable, "-m", "dspark_hotfix", "run"], env, cwd=tmp_path),
+        "usage error": run_in_env(
+            [sys.executable, "-m", "dspark_hotfix", "run"], env, cwd=tmp_path
+        ),
         "not active": launch(tmp_path, "opentelemetry-instrument", "vllm", "serve", env=env),
         "cannot be run": launch(tmp_path, str(garbage), env=env),
         "not found": launch(tmp_path, "dspark-hotfix-no-such-command-4711", env=env),
     }
-    said = {why: (str(proc.returncode), listed.get(str(proc.returncode), "")) for why, proc in happened.items()}
-    assert said == {"usage error": ("2", "usage error"),
-                    "not active": ("1", "the shim would not be active in it (the reason is said)"),
-                    "cannot be run": ("126", "it cannot be run"), "not found": ("127", "command not found")}, said
+    said = {
+        why: (str(proc.returncode), listed.get(str(proc.returncode), ""))
+        for why, proc in happened.items()
+    }
+    assert said == {
+        "usage error": ("2", "usage error"),
+        "not active": ("1", "the shim would not be active in it (the reason is said)"),
+        "cannot be run": ("126", "it cannot be run"),
+        "not found": ("127", "command not found"),
+    }, said
     assert sorted(listed) == sorted(code for code, _ in said.values()), listed
 
 
@@ -154,19 +204,29 @@ def test_run_patches_the_command_it_execs_from_a_venv_with_only_the_wheel(venv):
     # the command's interpreter, says so in one line on stderr, and execs the command.
     # The toys from the checkout, last on sys.path: the shim is the wheel's.
     code = program(USE_LAST, import_toy_targets, print_status, sys_path)
-    proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", "python", "-c", code),
-                       path=("", STANDIN, "relative/dir"))
+    proc = run_in_venv(
+        venv,
+        args=("dspark-hotfix", "run", "--", "python", "-c", code),
+        path=("", STANDIN, "relative/dir"),
+    )
     assert proc.returncode == 0, proc.stderr
     rows, path = json_lines(proc.stdout)
     assert {n: r["state"] for n, r in rows.items()} == JUDGED
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
     banner, *lines = proc.stderr.splitlines()  # then the state lines: the last is the whole state
-    assert banner.startswith("dspark_hotfix ") and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
-    assert len(summary_lines("\n".join(lines))) == len(lines) and state_of(lines[-1]).endswith(JUDGED_LINE)
+    assert (
+        banner.startswith("dspark_hotfix ")
+        and f"PYTHONPATH={startup_dir(venv)}:{STANDIN} " in banner
+    )
+    assert len(summary_lines("\n".join(lines))) == len(lines) and state_of(lines[-1]).endswith(
+        JUDGED_LINE
+    )
     assert "relative/dir" not in path
 
 
-def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(venv, bare_venv):
+def test_run_names_the_interpreter_and_the_install_command_where_the_hotfix_is_missing(
+    venv, bare_venv
+):
     python = bare_venv / "bin" / "python"
     proc = run_in_venv(venv, args=("dspark-hotfix", "run", "--", str(python), "-c", program(ran)))
     assert proc.returncode == 1 and "ran" not in proc.stdout
@@ -179,7 +239,11 @@ def test_run_of_a_script_behind_env_reads_the_python_that_env_finds(tmp_path):
     script = tmp_path / "serve"
     script.write_text(f"#!/usr/bin/env {python.name}\n{PROBE}")
     script.chmod(0o755)
-    proc = launch(tmp_path, str(script), env=clean_env(PYTHONPATH=str(REPO), PATH=f"{python.parent}:/usr/bin:/bin"))
+    proc = launch(
+        tmp_path,
+        str(script),
+        env=clean_env(PYTHONPATH=str(REPO), PATH=f"{python.parent}:/usr/bin:/bin"),
+    )
     assert proc.returncode == 0 and proc.stdout == "1\n", proc.stderr
     assert f"({python} starts it)" in proc.stderr, proc.stderr
 
@@ -190,7 +254,10 @@ def test_run_never_says_python_starts_it_where_env_clears_the_environment(tmp_pa
     script.chmod(0o755)
     proc = launch(tmp_path, str(script))
     assert proc.stdout == "0\n", proc.stderr  # what the launcher cannot change
-    assert "starts it" not in proc.stderr and f"cannot tell whether {script} starts Python" in proc.stderr
+    assert (
+        "starts it" not in proc.stderr
+        and f"cannot tell whether {script} starts Python" in proc.stderr
+    )
 
 
 def test_run_refuses_opentelemetry_instrument_started_by_python_as_by_its_own_name(tmp_path):

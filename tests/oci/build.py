@@ -59,7 +59,10 @@ COPY warmup.py /opt/standin/warmup.py
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix")) / "oci"
+    return (
+        Path(os.environ.get("DSPARK_HOTFIX_CACHE", Path.home() / ".cache" / "dspark-hotfix"))
+        / "oci"
+    )
 
 
 def say(message: str) -> None:
@@ -72,24 +75,40 @@ def ensure_tools() -> None:
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError(f"{', '.join(missing)} missing, and apt-get cannot install them here (needs root on Debian)")
+        raise RuntimeError(
+            f"{', '.join(missing)} missing, and apt-get cannot install them here (needs root on Debian)"
+        )
     say(f"installing {' '.join(missing)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            )
 
 
-def buildah(*args: str, check: bool = True, timeout: float = 1800, prefix: tuple[str, ...] = (),
-            **kw) -> subprocess.CompletedProcess[str]:
+def buildah(
+    *args: str, check: bool = True, timeout: float = 1800, prefix: tuple[str, ...] = (), **kw
+) -> subprocess.CompletedProcess[str]:
     storage = cache_dir()
-    argv = [*prefix, "buildah", "--root", str(storage / "storage"), "--runroot", str(storage / "run"),
-            "--storage-driver", "vfs", *args]
+    argv = [
+        *prefix,
+        "buildah",
+        "--root",
+        str(storage / "storage"),
+        "--runroot",
+        str(storage / "run"),
+        "--storage-driver",
+        "vfs",
+        *args,
+    ]
     env = {**os.environ, "BUILDAH_ISOLATION": "chroot", **kw.pop("env", {})}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
     if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -119,11 +138,24 @@ def bookworm() -> str:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm",
-                               str(rootfs), MIRROR], capture_output=True, text=True, timeout=1200)
+        proc = subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={PACKAGES}",
+                "bookworm",
+                str(rootfs),
+                MIRROR,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"debootstrap could not make Debian bookworm from {MIRROR}:\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"debootstrap could not make Debian bookworm from {MIRROR}:\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-3000:]}"
+            )
         if ca:
             shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -133,8 +165,14 @@ def bookworm() -> str:
         container = buildah("from", "scratch").stdout.strip()
         try:
             buildah("copy", "--quiet", container, str(rootfs), "/")
-            buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    "--cmd", "/bin/bash", container)
+            buildah(
+                "config",
+                "--env",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "--cmd",
+                "/bin/bash",
+                container,
+            )
             buildah("commit", "--quiet", container, name)
         finally:
             buildah("rm", container, check=False)
@@ -166,7 +204,9 @@ def serving(variant: str = "reported") -> str:
         shutil.move(ctx / "standin" / "warmup.py", ctx / "warmup.py")
         info = ctx / f"vllm-{STANDIN_VERSION}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {STANDIN_VERSION}\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: vllm\nVersion: {STANDIN_VERSION}\n"
+        )
         (info / "INSTALLER").write_text("dspark-hotfix-tests\n")
         shutil.rmtree(ctx / "standin")
         text = SERVING.format(base=base, extra=extra, site=SITE, version=STANDIN_VERSION)
@@ -182,11 +222,24 @@ def serving(variant: str = "reported") -> str:
     return name
 
 
-def build_dockerfile(base: str, tag: str, *build_args: str, layers: bool = False) -> subprocess.CompletedProcess[str]:
+def build_dockerfile(
+    base: str, tag: str, *build_args: str, layers: bool = False
+) -> subprocess.CompletedProcess[str]:
     """The project's Dockerfile built on ``base``; the wheel stage runs on the same image (it has pip).
     buildah commits one layer for the whole build; ``layers`` commits one per instruction, as docker build does."""
-    args = ["bud", "--pull=never", "--isolation", "chroot", "--build-arg", f"VLLM_IMAGE={base}",
-            "--build-arg", f"PYTHON_IMAGE={base}", "-t", tag, *(("--layers", "--no-cache") if layers else ())]
+    args = [
+        "bud",
+        "--pull=never",
+        "--isolation",
+        "chroot",
+        "--build-arg",
+        f"VLLM_IMAGE={base}",
+        "--build-arg",
+        f"PYTHON_IMAGE={base}",
+        "-t",
+        tag,
+        *(("--layers", "--no-cache") if layers else ()),
+    ]
     for arg in build_args:
         args += ["--build-arg", arg]
     return buildah(*args, "-f", str(REPO / "Dockerfile"), str(REPO), check=False)
@@ -194,7 +247,9 @@ def build_dockerfile(base: str, tag: str, *build_args: str, layers: bool = False
 
 def top_layer(name: str) -> dict:
     """The image's newest layer as containers/storage records it: id, parent, diff-size (bytes, uncompressed)."""
-    image_id = buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", name).stdout.strip()
+    image_id = buildah(
+        "inspect", "--type", "image", "--format", "{{.FromImageID}}", name
+    ).stdout.strip()
     storage = cache_dir() / "storage"
     images = json.loads((storage / "vfs-images" / "images.json").read_text())
     layer_id = next(i["layer"] for i in images if i["id"] == image_id)

@@ -42,7 +42,9 @@ class Fault:
     edits: dict[str, list[tuple[str, str]]]
     detail: str  # what the patch's status detail must say
     at_call: bool = False  # the correction fails when vLLM calls the function, not at import
-    state: str = "failed"  # its state: failed, or undecided where its probe cannot tell on that build
+    state: str = (
+        "failed"  # its state: failed, or undecided where its probe cannot tell on that build
+    )
     remove: tuple[str, ...] = field(default=())  # files taken out of the copy
 
 
@@ -65,21 +67,33 @@ BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
     "get_kv_quant_mode missing": {KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
     # Spec classes a probe cannot build or size: it cannot tell, and leaves vLLM's function alone.
     "spec class with an unknown required field": {
-        KVI: [("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
-              ("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-               "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
-               "    window_layout: InitVar[str]\n\n"
-               "    def __post_init__(self, window_layout: str) -> None:\n"
-               "        super().__post_init__()\n")],
-        SWA_FILE: [('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')]},
+        KVI: [
+            ("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
+            (
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
+                "    window_layout: InitVar[str]\n\n"
+                "    def __post_init__(self, window_layout: str) -> None:\n"
+                "        super().__post_init__()\n",
+            ),
+        ],
+        SWA_FILE: [
+            ('model_version="deepseek_v4",', 'model_version="deepseek_v4", window_layout="ring",')
+        ],
+    },
     "spec page rule raises": {
-        KVI: [("class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-               "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
-               "    @property\n"
-               "    def real_page_size_bytes(self) -> int:\n"
-               "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
-               "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
-               "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n")]},
+        KVI: [
+            (
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
+                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
+                "    @property\n"
+                "    def real_page_size_bytes(self) -> int:\n"
+                "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
+                "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
+                "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n",
+            )
+        ]
+    },
 }
 
 

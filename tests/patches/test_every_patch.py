@@ -59,8 +59,12 @@ def wrapped_in(patch: Patch) -> list[str]:
     for name, value in vars(module).items():
         if inspect.isclass(value) and value.__module__ == module.__name__:
             members += [(f"{name}.{attr}", member) for attr, member in vars(value).items()]
-    return [qualname for qualname, member in members if qualname not in others and
-            getattr(getattr(member, "__code__", None), "co_filename", None) == registry.__file__]
+    return [
+        qualname
+        for qualname, member in members
+        if qualname not in others
+        and getattr(getattr(member, "__code__", None), "co_filename", None) == registry.__file__
+    ]
 
 
 def sharing(name: str) -> list[Patch]:
@@ -76,19 +80,30 @@ def test_each_patch_has_its_test_module_with_its_declarations(patch):
     # The one pinned expectation: every other test reads the patches from ALL and these declarations.
     module = declared(patch)
     assert module.PATCH is patch
-    assert module.FIX and all(isinstance(old, str) and isinstance(new, str) for old, new in module.FIX)
+    assert module.FIX and all(
+        isinstance(old, str) and isinstance(new, str) for old, new in module.FIX
+    )
     assert all(isinstance(fault, Fault) for fault in module.FAULTS.values())
     assert set(module.RELEASED) == set(RELEASES) and set(module.RELEASED.values()) <= set(STATES)
-    assert isinstance(module.REVERT, tuple) and all(isinstance(edit, Revert) for edit in module.REVERT)
+    assert isinstance(module.REVERT, tuple) and all(
+        isinstance(edit, Revert) for edit in module.REVERT
+    )
     # A fault met when vLLM calls the function needs vLLM's call: exercise() makes it.
-    assert callable(getattr(module, "exercise", None)) or not any(f.at_call for f in module.FAULTS.values())
+    assert callable(getattr(module, "exercise", None)) or not any(
+        f.at_call for f in module.FAULTS.values()
+    )
 
 
 def test_no_test_module_declares_a_patch_that_is_not_in_all():
     # Removing a patch removes its test module too: none is left behind declaring it.
-    declaring = [module for module in (importlib.import_module(f"tests.patches.{path.stem}")
-                                       for path in sorted(Path(__file__).parent.glob("test_*.py")))
-                 if hasattr(module, "PATCH")]
+    declaring = [
+        module
+        for module in (
+            importlib.import_module(f"tests.patches.{path.stem}")
+            for path in sorted(Path(__file__).parent.glob("test_*.py"))
+        )
+        if hasattr(module, "PATCH")
+    ]
     assert sorted(module.PATCH.name for module in declaring) == sorted(p.name for p in ALL)
 
 
@@ -97,7 +112,9 @@ def test_a_fault_two_patches_declare_is_the_same_build_for_both():
     by_name: dict[str, Fault] = {}
     for patch, name, fault in FAULTS:
         first = by_name.setdefault(name, fault)
-        assert (first.edits, first.remove) == (fault.edits, fault.remove), f"{patch.name} declares another {name!r}"
+        assert (first.edits, first.remove) == (fault.edits, fault.remove), (
+            f"{patch.name} declares another {name!r}"
+        )
 
 
 # The stand-in as shipped: the reported build.
@@ -110,13 +127,17 @@ def test_the_reported_build_gets_the_patch_once_its_module_is_imported(standin_s
     import_targets([patch])
     row = shim.status()[patch.name]
     assert (row["state"], row["needed"]) == ("patched", True), row
-    if hasattr(declared(patch), "exercise"):  # vLLM's call goes through the wrapper: what at-call faults rely on
+    if hasattr(
+        declared(patch), "exercise"
+    ):  # vLLM's call goes through the wrapper: what at-call faults rely on
         declared(patch).exercise()
         assert shim.status()[patch.name]["calls"] >= 1
 
 
 @pytest.mark.parametrize("patch", EVERYWHERE, ids=ids)
-def test_an_everywhere_patch_is_judged_where_vllm_imports_only_the_other_targets(standin_shim, patch):
+def test_an_everywhere_patch_is_judged_where_vllm_imports_only_the_other_targets(
+    standin_shim, patch
+):
     # A tensor-parallel worker may never import the patch's module: the registry does, once the rest is judged.
     # The shim activates after vLLM's imports here (as `status` does), so nothing but the registry imports it.
     shim = standin_shim()
@@ -153,11 +174,14 @@ def test_with_every_upstream_fix_every_patch_is_not_needed_and_the_shim_removabl
 
 @pytest.mark.parametrize(("patch", "name", "fault"), FAULTS, ids=FAULT_IDS)
 def test_where_a_fault_stops_the_patch_vllm_runs_as_shipped_and_status_and_one_warning_say_why(
-        standin_shim, patch, name, fault):
+    standin_shim, patch, name, fault
+):
     shim = standin_shim(fault.edits, fault.remove)
     dspark_hotfix.install()
     import_targets()
-    if fault.at_call:  # the correction fails once vLLM calls the function: vLLM's own answer, each time
+    if (
+        fault.at_call
+    ):  # the correction fails once vLLM calls the function: vLLM's own answer, each time
         answers = [declared(patch).exercise() for _ in range(2)]
         owner, attribute, wrapper = held(patch)
         setattr(owner, attribute, wrapper.__wrapped__)
@@ -174,7 +198,9 @@ def test_where_a_fault_stops_the_patch_vllm_runs_as_shipped_and_status_and_one_w
     warnings = shim.lines("WARNING")
     (warning,) = [line for line in warnings if line.startswith(f"{patch.name}: ")]
     assert fault.at_call or warning.endswith("; vLLM runs unpatched"), warning
-    assert all(line.startswith(tuple(f"{p.name}: " for p in sharing(name))) for line in warnings), warnings
+    assert all(line.startswith(tuple(f"{p.name}: " for p in sharing(name))) for line in warnings), (
+        warnings
+    )
     # The patches this fault leaves alone are still applied: the shim was at work in this very build.
     others = {p.name: shim.states()[p.name] for p in ALL if p not in sharing(name)}
     assert set(others.values()) <= {"patched"}, others
@@ -182,7 +208,8 @@ def test_where_a_fault_stops_the_patch_vllm_runs_as_shipped_and_status_and_one_w
 
 @pytest.mark.parametrize(("patch", "name", "fault"), FAULTS, ids=FAULT_IDS)
 def test_in_strict_mode_each_fault_stops_vllm_naming_the_patch_its_target_and_the_remedy(
-        standin_shim, monkeypatch, patch, name, fault):
+    standin_shim, monkeypatch, patch, name, fault
+):
     standin_shim(fault.edits, fault.remove)
     monkeypatch.setenv("DSPARK_HOTFIX_STRICT", "1")
     # This patch alone is selected: a fault two patches meet stops vLLM at the first one it imports.
@@ -192,8 +219,10 @@ def test_in_strict_mode_each_fault_stops_vllm_naming_the_patch_its_target_and_th
         import_targets([patch])
         meet = declared(patch).exercise
     else:
+
         def meet():
             import_targets([patch])
+
     with pytest.raises(HotfixError) as stopped:
         meet()
     message = str(stopped.value)

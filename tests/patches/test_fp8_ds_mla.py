@@ -48,7 +48,10 @@ def vllm(standin_modules):
         get_kv_quant_mode=kv_cache_interface.get_kv_quant_mode,
         kv_view_layout=lambda spec, backend, blocks, dtype: attn_utils._reshape_kv_cache(
             [SimpleNamespace(kv_cache_spec=spec, backend=backend, layer_names=["layer"])],
-            {"layer": blocks * spec.page_size_bytes}, dtype, [64], {},
+            {"layer": blocks * spec.page_size_bytes},
+            dtype,
+            [64],
+            {},
         )["layer"],
     )
 
@@ -60,11 +63,19 @@ def test_swa_spec_512_to_584_bytes_per_token(vllm):
     after = fp8_ds_mla_spec(before, "fp8_ds_mla", mode)
     assert runner_bytes_per_token(before) == 512 and runner_bytes_per_token(after) == 584
     assert after.kv_quant_mode == vllm.KVQuantMode.FP8_PER_TENSOR
-    assert (after.alignment, after.cache_dtype_str, after.page_size_bytes) == (576, "fp8_ds_mla", 37440)
+    assert (after.alignment, after.cache_dtype_str, after.page_size_bytes) == (
+        576,
+        "fp8_ds_mla",
+        37440,
+    )
     # The V2 runner's own rule now builds the view FlashMLA accepts.
     shape, stride = vllm.kv_view_layout(after, vllm.DeepseekSparseSWABackend, 4, "fp8_ds_mla")
     assert (shape, stride) == ((4, 64, 584), (37440, 584, 1))
-    assert vllm.kv_view_layout(before, vllm.DeepseekSparseSWABackend, 4, "fp8_ds_mla")[0] == (4, 64, 512)
+    assert vllm.kv_view_layout(before, vllm.DeepseekSparseSWABackend, 4, "fp8_ds_mla")[0] == (
+        4,
+        64,
+        512,
+    )
 
 
 def test_attention_spec_gets_quant_mode_and_alignment(vllm):
@@ -73,7 +84,11 @@ def test_attention_spec_gets_quant_mode_and_alignment(vllm):
     after = fp8_ds_mla_spec(before, layer.kv_cache_dtype, vllm.get_kv_quant_mode("fp8_ds_mla"))
     assert before.alignment is None and before.page_size_bytes == 37376
     assert after.alignment == 576 and after.page_size_bytes == 37440  # 64 slots x 584, padded
-    assert vllm.kv_view_layout(after, vllm.DeepseekV4FlashMLABackend, 4, "fp8_ds_mla")[0] == (4, 64, 584)
+    assert vllm.kv_view_layout(after, vllm.DeepseekV4FlashMLABackend, 4, "fp8_ds_mla")[0] == (
+        4,
+        64,
+        584,
+    )
 
 
 def test_correction_is_idempotent_and_returns_the_same_object(vllm):
@@ -98,8 +113,13 @@ def test_a_rebuild_that_does_not_give_584_is_refused(vllm):
     from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
 
     spec = SlidingWindowMLASpec(
-        block_size=64, num_kv_heads=1, head_size=512, dtype=vllm.DeepseekV4SWACache().dtype,
-        sliding_window=128, cache_dtype_str="auto", model_version="other",
+        block_size=64,
+        num_kv_heads=1,
+        head_size=512,
+        dtype=vllm.DeepseekV4SWACache().dtype,
+        sliding_window=128,
+        cache_dtype_str="auto",
+        model_version="other",
     )
     with pytest.raises(CorrectionFailed, match="not 584"):
         fp8_ds_mla_spec(spec, "fp8_ds_mla", vllm.get_kv_quant_mode("fp8_ds_mla"))
@@ -132,10 +152,15 @@ def test_a_field_left_out_of_equality_is_kept(vllm):
     class DraftAwareSpec(SlidingWindowMLASpec):
         is_draft: bool = dataclasses.field(default=False, compare=False)
 
-    base = {f.name: getattr(vllm.DeepseekV4SWACache().get_kv_cache_spec(CONFIG), f.name)
-            for f in dataclasses.fields(SlidingWindowMLASpec)}
+    base = {
+        f.name: getattr(vllm.DeepseekV4SWACache().get_kv_cache_spec(CONFIG), f.name)
+        for f in dataclasses.fields(SlidingWindowMLASpec)
+    }
     mode = vllm.get_kv_quant_mode("fp8_ds_mla")
-    got = [fp8_ds_mla_spec(DraftAwareSpec(**base, is_draft=d), "fp8_ds_mla", mode) for d in (False, True)]
+    got = [
+        fp8_ds_mla_spec(DraftAwareSpec(**base, is_draft=d), "fp8_ds_mla", mode)
+        for d in (False, True)
+    ]
     assert [g.is_draft for g in got] == [False, True]
     assert all(runner_bytes_per_token(g) == 584 for g in got)
 
@@ -151,7 +176,11 @@ def test_warmup_crashes_without_the_shim(standin_shim, monkeypatch):
 def test_warmup_runs_with_the_shim(standin_shim, monkeypatch):
     on = engine_start(standin_shim, monkeypatch, "1")
     assert on["error"] is None
-    assert on["views"]["draft.0.swa"] == {"shape": [4, 64, 584], "stride": [37440, 584, 1], "page_bytes": 37440}
+    assert on["views"]["draft.0.swa"] == {
+        "shape": [4, 64, 584],
+        "stride": [37440, 584, 1],
+        "page_bytes": 37440,
+    }
 
 
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
@@ -174,13 +203,21 @@ def draw_spec(data, kvi, inside: bool | None = None):
     """``inside``: True, an fp8_ds_mla case; False, any other layout; None, either."""
     if inside is None:
         inside = data.draw(st.booleans(), label="fp8_ds_mla case")
-    if inside:  # the layer says fp8_ds_mla (the spec's string may have degraded), or only the spec does
+    if (
+        inside
+    ):  # the layer says fp8_ds_mla (the spec's string may have degraded), or only the spec does
         layer_dtype = data.draw(st.sampled_from([CACHE_DTYPE, None]), label="layer cache dtype")
-        spec_dtype = data.draw(st.sampled_from([CACHE_DTYPE, None, "auto"] if layer_dtype else [CACHE_DTYPE]))
+        spec_dtype = data.draw(
+            st.sampled_from([CACHE_DTYPE, None, "auto"] if layer_dtype else [CACHE_DTYPE])
+        )
     else:
         layer_dtype = data.draw(st.sampled_from([*OTHER_DTYPES, None]), label="layer cache dtype")
-        spec_dtype = data.draw(st.sampled_from([layer_dtype, None] if layer_dtype else OTHER_DTYPES))
-    cls = data.draw(st.sampled_from([kvi.MLAAttentionSpec, kvi.SlidingWindowMLASpec]), label="class")
+        spec_dtype = data.draw(
+            st.sampled_from([layer_dtype, None] if layer_dtype else OTHER_DTYPES)
+        )
+    cls = data.draw(
+        st.sampled_from([kvi.MLAAttentionSpec, kvi.SlidingWindowMLASpec]), label="class"
+    )
     fields = dict(
         block_size=64 * data.draw(st.integers(1, 16), label="block / 64"),
         num_kv_heads=1,
@@ -235,7 +272,10 @@ def test_spec_correction_gives_584_bytes_per_token_and_keeps_the_geometry(standi
     fixed = fp8_ds_mla_spec(spec, layer_dtype, kvi.get_kv_quant_mode(CACHE_DTYPE))
     assert runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
     shape, stride = v2_view(fixed, DeepseekV4FlashMLABackend)
-    assert shape[2] == BYTES_PER_TOKEN and stride[0] * fixed.dtype.itemsize >= shape[1] * BYTES_PER_TOKEN
+    assert (
+        shape[2] == BYTES_PER_TOKEN
+        and stride[0] * fixed.dtype.itemsize >= shape[1] * BYTES_PER_TOKEN
+    )
     kept = ("block_size", "num_kv_heads", "head_size", "dtype", "compress_ratio", "sliding_window")
     assert all(getattr(fixed, f, None) == getattr(spec, f, None) for f in kept)
 
@@ -253,7 +293,9 @@ def test_spec_correction_is_idempotent(standin_modules, data):
 
 @WITH_STANDIN
 @given(st.integers(1, 16), st.sampled_from(CACHE_DTYPES), st.sampled_from([128, 4096]))
-def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modules, blocks, dtype, window):
+def test_swa_patch_corrects_the_standin_method_for_every_block_size(
+    standin_modules, blocks, dtype, window
+):
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
     layer = DeepseekV4SWACache(window_size=window, cache_dtype=dtype)
@@ -263,6 +305,8 @@ def test_swa_patch_corrects_the_standin_method_for_every_block_size(standin_modu
     spec = method(layer, SimpleNamespace())
     fixed = SWA.correction(spec, layer, SimpleNamespace())
     if dtype == CACHE_DTYPE:
-        assert runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
+        assert (
+            runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
+        )
     else:
         assert fixed == spec

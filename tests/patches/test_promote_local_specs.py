@@ -12,7 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dspark_hotfix
-from dspark_hotfix.patches.fp8_ds_mla import BYTES_PER_TOKEN, quant_mode, runner_bytes_per_token, stand_in_pair
+from dspark_hotfix.patches.fp8_ds_mla import (
+    BYTES_PER_TOKEN,
+    quant_mode,
+    runner_bytes_per_token,
+    stand_in_pair,
+)
 from dspark_hotfix.patches.promote_local_specs import FIELD, PATCH, arguments
 from tests.patches import BUILDS, KVI, Fault, module_file
 
@@ -21,16 +26,33 @@ FILE = module_file(PATCH)
 FIX = [('drop=("extra_retained_tokens",)', 'drop=("extra_retained_tokens", "bounded_replay")')]
 FAULTS = {
     "get_kv_quant_mode missing": Fault(BUILDS["get_kv_quant_mode missing"], "get_kv_quant_mode"),
-    "spec class with an unknown required field": Fault(BUILDS["spec class with an unknown required field"],
-                                                       "probe inconclusive (TypeError", state="undecided"),
-    "spec page rule raises": Fault(BUILDS["spec page rule raises"], "probe inconclusive (NotImplementedError",
-                                   state="undecided"),
-    "replace_as signature changed": Fault({KVI: [("def replace_as(spec, target_cls, *, drop=(), **changes)",
-                                                  "def replace_as(spec, target_cls, *, drop=(), keep=(), **changes)")]},
-                                          "unexpected signature"),
+    "spec class with an unknown required field": Fault(
+        BUILDS["spec class with an unknown required field"],
+        "probe inconclusive (TypeError",
+        state="undecided",
+    ),
+    "spec page rule raises": Fault(
+        BUILDS["spec page rule raises"],
+        "probe inconclusive (NotImplementedError",
+        state="undecided",
+    ),
+    "replace_as signature changed": Fault(
+        {
+            KVI: [
+                (
+                    "def replace_as(spec, target_cls, *, drop=(), **changes)",
+                    "def replace_as(spec, target_cls, *, drop=(), keep=(), **changes)",
+                )
+            ]
+        },
+        "unexpected signature",
+    ),
     # Its probe runs vLLM's promotion: where that is gone, it cannot tell, and leaves the call alone.
-    "promotion renamed": Fault({FILE: [("def _promote_local_kv_cache_specs(", "def _promote_local_specs(")]},
-                               "probe inconclusive (AttributeError", state="undecided"),
+    "promotion renamed": Fault(
+        {FILE: [("def _promote_local_kv_cache_specs(", "def _promote_local_specs(")]},
+        "probe inconclusive (AttributeError",
+        state="undecided",
+    ),
 }
 # 0.25.0 and 0.28.0 have no kv_cache_planning; 0.33.0's promotion raises (docs/evidence/hybrid-off.md).
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "patched"}
@@ -54,11 +76,15 @@ class Wide(Narrow):
 NAMES = st.sampled_from(["window", "size", FIELD, "extra_retained_tokens"])
 
 
-@given(source=st.sampled_from([Narrow, Wide]), target=st.sampled_from([Narrow, Wide]),
-       drop=st.lists(NAMES, max_size=3).map(tuple), changes=st.dictionaries(st.sampled_from(["size", "block"]),
-                                                                              st.integers(), max_size=2))
-def test_the_arguments_step_drops_the_field_only_where_the_target_lacks_it_and_keeps_the_rest(source, target, drop,
-                                                                                             changes):
+@given(
+    source=st.sampled_from([Narrow, Wide]),
+    target=st.sampled_from([Narrow, Wide]),
+    drop=st.lists(NAMES, max_size=3).map(tuple),
+    changes=st.dictionaries(st.sampled_from(["size", "block"]), st.integers(), max_size=2),
+)
+def test_the_arguments_step_drops_the_field_only_where_the_target_lacks_it_and_keeps_the_rest(
+    source, target, drop, changes
+):
     spec = source()
     repaired = arguments(spec, target, drop=drop, **changes)
     if source is Narrow or target is Wide or FIELD in drop:
@@ -79,8 +105,9 @@ def import_targets(patches: Any = None) -> None:
 def promoted() -> Any:
     """The stand-in planning's promotion of a DeepSeek-V4 pair, as vLLM's hybrid-off grouping calls it."""
     planning = importlib.import_module(PATCH.module)
-    return planning._promote_local_kv_cache_specs(stand_in_pair(sys.modules["vllm.v1.kv_cache_interface"],
-                                                                quant_mode()))
+    return planning._promote_local_kv_cache_specs(
+        stand_in_pair(sys.modules["vllm.v1.kv_cache_interface"], quant_mode())
+    )
 
 
 def test_with_the_shim_the_promotion_keeps_the_layout_and_counts_one_repair(standin_shim):
@@ -93,7 +120,9 @@ def test_with_the_shim_the_promotion_keeps_the_layout_and_counts_one_repair(stan
     assert (row["state"], row["calls"], row["corrections"]) == ("patched", 1, 1), row
 
 
-def test_excluded_vllm_meets_its_own_type_error_and_the_line_says_the_repair_was_needed(standin_shim, monkeypatch):
+def test_excluded_vllm_meets_its_own_type_error_and_the_line_says_the_repair_was_needed(
+    standin_shim, monkeypatch
+):
     shim = standin_shim()
     monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{PATCH.name}")
     dspark_hotfix.install()
@@ -111,7 +140,9 @@ def test_excluded_vllm_meets_its_own_type_error_and_the_line_says_the_repair_was
 def test_where_the_planning_module_is_absent_the_repair_is_not_needed_and_says_why(standin_shim):
     shim = standin_shim(remove=(FILE,))
     dspark_hotfix.install()
-    import_targets([p for p in dspark_hotfix.patches.ALL if p is not PATCH])  # as vLLM does; not this one
+    import_targets(
+        [p for p in dspark_hotfix.patches.ALL if p is not PATCH]
+    )  # as vLLM does; not this one
     row = shim.status()[PATCH.name]
     assert row["state"] == "not_needed", row
     assert row["detail"] == f"not needed (this vLLM has no module {PATCH.module}: {PATCH.absent})"
@@ -131,35 +162,59 @@ FIXED_RELEASE = "0.34.0"
 
 
 def swa_layers(result: dict) -> dict[str, Any]:
-    return {name: layer for name, layer in result["hybrid_off"]["layers"].items() if layer["kind"] == "swa"}
+    return {
+        name: layer
+        for name, layer in result["hybrid_off"]["layers"].items()
+        if layer["kind"] == "swa"
+    }
 
 
 @pytest.mark.real_vllm
 def test_on_real_vllm_0_33_0_the_hybrid_off_grouping_succeeds_with_the_layout():
-    without, result = runs.hybrid_off("0.33.0", "without_shim"), runs.hybrid_off("0.33.0", "with_shim")
+    without, result = (
+        runs.hybrid_off("0.33.0", "without_shim"),
+        runs.hybrid_off("0.33.0", "with_shim"),
+    )
     assert without["hybrid_off"]["outcome"] == "error", without["hybrid_off"]
-    assert without["hybrid_off"]["error"]["message"].endswith(f"unexpected keyword argument '{FIELD}'")
+    assert without["hybrid_off"]["error"]["message"].endswith(
+        f"unexpected keyword argument '{FIELD}'"
+    )
     off = result["hybrid_off"]
     assert off["outcome"] == "ok", off
-    assert off["groups"] == [{"spec": "UniformTypeKVCacheSpecs", "block_size": 256, "layers": 13}], off["groups"]
+    assert off["groups"] == [
+        {"spec": "UniformTypeKVCacheSpecs", "block_size": 256, "layers": 13}
+    ], off["groups"]
     layers = swa_layers(result)
     assert len(layers) == 7, layers  # 4 target layers, 3 draft layers
     for name, layer in layers.items():
-        assert (layer["spec"], layer["kv_quant_mode"]) == ("MLAAttentionSpec", "FP8_PER_TENSOR"), (name, layer)
+        assert (layer["spec"], layer["kv_quant_mode"]) == ("MLAAttentionSpec", "FP8_PER_TENSOR"), (
+            name,
+            layer,
+        )
         assert layer["view"]["bytes_per_token"] == BYTES_PER_TOKEN, (name, layer)
     row = result["status"]["patches"][PATCH.name]
-    assert row["state"] == "patched" and f"unexpected keyword argument '{FIELD}'" in row["detail"], row
+    assert (
+        row["state"] == "patched" and f"unexpected keyword argument '{FIELD}'" in row["detail"]
+    ), row
 
 
 @pytest.mark.real_vllm
 def test_on_real_vllm_0_34_0_it_is_not_needed_and_the_grouping_is_vllms_own():
-    without, result = runs.hybrid_off(FIXED_RELEASE, "without_shim"), runs.hybrid_off(FIXED_RELEASE, "with_shim")
+    without, result = (
+        runs.hybrid_off(FIXED_RELEASE, "without_shim"),
+        runs.hybrid_off(FIXED_RELEASE, "with_shim"),
+    )
     assert result["vllm"] == FIXED_RELEASE
     assert result["hybrid_off"] == without["hybrid_off"] and result["hybrid_off"]["outcome"] == "ok"
-    assert {layer["view"]["bytes_per_token"] for layer in swa_layers(result).values()} == {BYTES_PER_TOKEN}
+    assert {layer["view"]["bytes_per_token"] for layer in swa_layers(result).values()} == {
+        BYTES_PER_TOKEN
+    }
     row = result["status"]["patches"][PATCH.name]
-    assert row == {"state": "not_needed", "needed": False,
-                   "detail": "not needed (vLLM's hybrid-off promotion of the sliding-window specs succeeds)"}, row
+    assert row == {
+        "state": "not_needed",
+        "needed": False,
+        "detail": "not needed (vLLM's hybrid-off promotion of the sliding-window specs succeeds)",
+    }, row
 
 
 @pytest.mark.real_vllm
@@ -167,4 +222,6 @@ def test_on_real_vllm_0_34_0_it_is_not_needed_and_the_grouping_is_vllms_own():
 def test_on_real_vllm_without_the_planning_module_it_is_not_needed_and_says_why(version):
     row = runs.hybrid_off(version, "with_shim")["status"]["patches"][PATCH.name]
     assert row["state"] == "not_needed", row
-    assert row["detail"] == f"not needed (this vLLM has no module {PATCH.module}: {PATCH.absent})", row
+    assert (
+        row["detail"] == f"not needed (this vLLM has no module {PATCH.module}: {PATCH.absent})"
+    ), row

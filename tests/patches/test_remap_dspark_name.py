@@ -23,18 +23,35 @@ FILE = module_file(PATCH)
 # The released remap (every dspark.py from 0.25.0 on).
 FIX = [("{self.config.num_hidden_layers + stage}", "{stage}")]
 FAULTS = {
-    "draft class renamed": Fault({"*": [("DSparkDeepseekV4ForCausalLM", "DSparkDraftForCausalLM")]},
-                                 "has no class DSparkDeepseekV4ForCausalLM"),
-    "remap method renamed": Fault({FILE: [("_remap_dspark_name", "_remap_checkpoint_name")]},
-                                  "DSparkDeepseekV4ForCausalLM defines no _remap_dspark_name"),
+    "draft class renamed": Fault(
+        {"*": [("DSparkDeepseekV4ForCausalLM", "DSparkDraftForCausalLM")]},
+        "has no class DSparkDeepseekV4ForCausalLM",
+    ),
+    "remap method renamed": Fault(
+        {FILE: [("_remap_dspark_name", "_remap_checkpoint_name")]},
+        "DSparkDeepseekV4ForCausalLM defines no _remap_dspark_name",
+    ),
     "remap signature changed": Fault(
-        {FILE: [("def _remap_dspark_name(self, name)", "def _remap_dspark_name(self, name, *, stage_offset=0)")]},
-        "unexpected signature"),
+        {
+            FILE: [
+                (
+                    "def _remap_dspark_name(self, name)",
+                    "def _remap_dspark_name(self, name, *, stage_offset=0)",
+                )
+            ]
+        },
+        "unexpected signature",
+    ),
 }
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
-REVERT = (Revert("models/deepseek_v4/nvidia/dspark.py", "DSparkDeepseekV4ForCausalLM._remap_dspark_name",
-                 'return f"model.layers.{stage}.{rest}"',
-                 'return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"'),)
+REVERT = (
+    Revert(
+        "models/deepseek_v4/nvidia/dspark.py",
+        "DSparkDeepseekV4ForCausalLM._remap_dspark_name",
+        'return f"model.layers.{stage}.{rest}"',
+        'return f"model.layers.{self.config.num_hidden_layers + stage}.{rest}"',
+    ),
+)
 
 
 def exercise():
@@ -51,7 +68,10 @@ N, K = 43, 3  # DeepSeek-V4-Flash: 43 target layers, 3 draft layers
 @pytest.mark.parametrize("i", range(K))
 def test_shifted_layer_lands_on_the_draft_layer(i):
     shifted = f"model.layers.{N + i}.attn.wkv.weight"
-    assert remap_dspark_name(f"mtp.{i}.attn.wkv.weight", shifted, K) == f"model.layers.{i}.attn.wkv.weight"
+    assert (
+        remap_dspark_name(f"mtp.{i}.attn.wkv.weight", shifted, K)
+        == f"model.layers.{i}.attn.wkv.weight"
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,7 +100,10 @@ def test_never_maps_onto_a_layer_the_draft_does_not_have():
 
 
 def test_unknown_draft_size_changes_nothing():
-    assert remap_dspark_name("mtp.0.x.weight", "model.layers.43.x.weight", None) == "model.layers.43.x.weight"
+    assert (
+        remap_dspark_name("mtp.0.x.weight", "model.layers.43.x.weight", None)
+        == "model.layers.43.x.weight"
+    )
 
 
 def test_the_correction_reads_the_drafts_layers_and_corrects_vllms_answer():
@@ -91,7 +114,9 @@ def test_the_correction_reads_the_drafts_layers_and_corrects_vllms_answer():
     draft = SimpleNamespace(model=SimpleNamespace(layers=[None] * K))
     shifted = f"model.layers.{N + 1}.attn.wkv.weight"
     assert correction(shifted, draft, "mtp.1.attn.wkv.weight") == "model.layers.1.attn.wkv.weight"
-    assert correction(shifted, SimpleNamespace(), "mtp.1.attn.wkv.weight") is shifted  # a draft of unknown size
+    assert (
+        correction(shifted, SimpleNamespace(), "mtp.1.attn.wkv.weight") is shifted
+    )  # a draft of unknown size
 
 
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
@@ -140,7 +165,11 @@ rest = st.one_of(st.sampled_from(LAYER_WEIGHTS + HEAD + ("", ".", "x.y.z")), st.
 def shifted_cases(draw):
     """The reported defect's shape: mtp.{i}.<rest> answered model.layers.{i + shift}.<rest>."""
     i, shift, tail = draw(st.integers(0, 9)), draw(st.integers(0, 64)), draw(rest)
-    return f"mtp.{i}.{tail}", f"model.layers.{i + shift}.{tail}", draw(st.one_of(st.none(), st.integers(0, 8)))
+    return (
+        f"mtp.{i}.{tail}",
+        f"model.layers.{i + shift}.{tail}",
+        draw(st.one_of(st.none(), st.integers(0, 8))),
+    )
 
 
 @st.composite
@@ -151,7 +180,9 @@ def remap_cases(draw):
     name = draw(
         st.one_of(
             st.just(f"mtp.{i}.{tail}"),
-            st.sampled_from([f"mtp.{i}", f"layers.{i}.{tail}", f"model.layers.{i}.{tail}", f"MTP.{i}.{tail}"]),
+            st.sampled_from(
+                [f"mtp.{i}", f"layers.{i}.{tail}", f"model.layers.{i}.{tail}", f"MTP.{i}.{tail}"]
+            ),
             st.text(max_size=24),
         )
     )
@@ -173,7 +204,9 @@ def remap_cases(draw):
 @given(remap_cases())
 @example(("mtp.1.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3))  # the reported defect
 @example(("mtp.3.attn.wkv.weight", "model.layers.46.attn.wkv.weight", 3))  # no layer 3 to land on
-@example(("mtp.\u00b2.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3))  # isdigit() but not int()
+@example(
+    ("mtp.\u00b2.attn.wkv.weight", "model.layers.44.attn.wkv.weight", 3)
+)  # isdigit() but not int()
 @example(("mtp.1.attn.wkv.weight", "model.layers.\u2074\u2074.attn.wkv.weight", 3))
 @example(("mtp.0.", "model.layers.1.", 1))  # no rest: not a weight
 def test_remap_changes_only_a_shifted_draft_layer_and_keeps_every_other_answer(case):
@@ -197,7 +230,9 @@ def test_remap_never_points_outside_the_draft_unless_vllm_did(case):
     if answer != mapped:
         index = layer_index(answer)
         assert draft_layers is not None and index is not None and 0 <= index < draft_layers
-    elif layer_index(answer) is not None and (draft_layers is None or layer_index(answer) >= draft_layers):
+    elif layer_index(answer) is not None and (
+        draft_layers is None or layer_index(answer) >= draft_layers
+    ):
         assert answer is mapped  # out of range only because vLLM said so
 
 
@@ -212,7 +247,8 @@ def checkpoint_names(draw, draft_layers: int):
     i = draw(st.integers(0, draft_layers + 2))
     return draw(
         st.sampled_from(
-            [f"mtp.{i}.{w}" for w in LAYER_WEIGHTS + HEAD] + [f"layers.{i}.attn.wkv.weight", f"mtp.{i}.confidence_x"]
+            [f"mtp.{i}.{w}" for w in LAYER_WEIGHTS + HEAD]
+            + [f"layers.{i}.attn.wkv.weight", f"mtp.{i}.confidence_x"]
         )
     )
 
@@ -225,7 +261,9 @@ def vllm_remap(draft_class):
 
 @WITH_STANDIN
 @given(st.data(), st.integers(0, 96), st.integers(1, 8))
-def test_standin_draft_weights_land_on_the_draft_layers_through_the_correction(standin_modules, data, n, k):
+def test_standin_draft_weights_land_on_the_draft_layers_through_the_correction(
+    standin_modules, data, n, k
+):
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
 
     draft = DSparkDeepseekV4ForCausalLM(num_hidden_layers=n, n_mtp_layers=k)
@@ -254,18 +292,25 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
     checkpoint = [f"mtp.{i}.{w}" for i in range(k) for w in LAYER_WEIGHTS]
     layer_params = {p for p, _ in draft.named_parameters() if p.startswith("model.layers.")}
     assert n == 0 or not {remap(draft, name) for name in checkpoint} & layer_params - {
-        f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS}  # vLLM's answers miss
+        f"model.layers.{i}.{w}" for i in range(min(n, k)) for w in LAYER_WEIGHTS
+    }  # vLLM's answers miss
     assert {CORRECT(remap(draft, name), draft, name) for name in checkpoint} == layer_params
 
 
-def test_the_standin_engine_loads_the_drafts_layer_weights_only_with_the_shim(standin_shim, monkeypatch):
+def test_the_standin_engine_loads_the_drafts_layer_weights_only_with_the_shim(
+    standin_shim, monkeypatch
+):
     # tests/standin/warmup.py loads the draft's checkpoint as vLLM's engine does: without the shim its layers' names
     # are shifted past the target's, so none of them loads where the draft registers it.
     off = engine_start(standin_shim, monkeypatch, "0")
-    assert off["loaded"] and not [name for name in off["loaded"] if name.startswith("model.layers.0.")], off
+    assert off["loaded"] and not [
+        name for name in off["loaded"] if name.startswith("model.layers.0.")
+    ], off
 
 
-def test_with_the_shim_the_standin_engine_loads_them_where_the_draft_registers_them(standin_shim, monkeypatch):
+def test_with_the_shim_the_standin_engine_loads_them_where_the_draft_registers_them(
+    standin_shim, monkeypatch
+):
     on = engine_start(standin_shim, monkeypatch, "1")
     assert "model.layers.0.attn.wkv.weight" in on["loaded"], on
 
@@ -282,6 +327,8 @@ from tests.real_vllm import runs  # noqa: E402
 
 REAL_N, REAL_K = 43, 3  # the draft of tests/real_vllm/inside/runner_answers.py: 3 layers over 43
 REAL_LAYER_WEIGHTS = 10  # the names of each draft layer in tests/real_vllm/inside/grid.py (NAMES)
+
+
 def real_corrections(n: int, k: int) -> list[list[Any]]:
     """Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of the grid, and
     what the correction makes of its answer and of the answer shifted as the reported build shifts it."""
@@ -297,11 +344,13 @@ def real_corrections(n: int, k: int) -> list[list[Any]]:
             continue
         shifted = real
         if real is not None and real.startswith("model.layers."):
-            index, _, rest = real[len("model.layers."):].partition(".")
+            index, _, rest = real[len("model.layers.") :].partition(".")
             shifted = f"model.layers.{n + int(index)}.{rest}"
         correct = PATCH.correction
         assert correct is not None
-        rows.append([real, correct(real, draft, name) is real, shifted, correct(shifted, draft, name)])
+        rows.append(
+            [real, correct(real, draft, name) is real, shifted, correct(shifted, draft, name)]
+        )
     return rows
 
 
@@ -351,6 +400,8 @@ def test_on_reverted_vllm_with_the_shim_the_remap_is_positional_and_leaves_head_
             assert after == before, (name, before, after)
             kept += bool(before and before.startswith("model."))
     assert moved == REAL_K * REAL_LAYER_WEIGHTS
-    assert kept >= 7, "the head weights (norm, hc_head_*, markov_head, main_proj, main_norm) were not exercised"
+    assert kept >= 7, (
+        "the head weights (norm, hc_head_*, markov_head, main_proj, main_norm) were not exercised"
+    )
     # One round of the grid's names: one correction per draft layer weight.
     assert answers["corrections"][PATCH.name] == REAL_K * REAL_LAYER_WEIGHTS

@@ -10,27 +10,57 @@ from tests.patches import BUILDS, Fault, Revert, module_file
 
 FILE = module_file(PATCH)
 # Upstream PR #47716.
-FIX = [("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
-       ('model_version="deepseek_v4",',
-        'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),')]
+FIX = [
+    ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
+    (
+        'model_version="deepseek_v4",',
+        'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),',
+    ),
+]
 FAULTS = {
-    "swa class renamed": Fault({"*": [("DeepseekV4SWACache", "DeepseekV4SlidingWindowCache")]},
-                               "has no class DeepseekV4SWACache"),
-    "swa method renamed": Fault({FILE: [("def get_kv_cache_spec(", "def kv_cache_spec(")],
-                                 "*": [("swa_cache.get_kv_cache_spec(", "swa_cache.kv_cache_spec(")]},  # warmup's
-                                "DeepseekV4SWACache defines no get_kv_cache_spec"),
+    "swa class renamed": Fault(
+        {"*": [("DeepseekV4SWACache", "DeepseekV4SlidingWindowCache")]},
+        "has no class DeepseekV4SWACache",
+    ),
+    "swa method renamed": Fault(
+        {
+            FILE: [("def get_kv_cache_spec(", "def kv_cache_spec(")],
+            "*": [("swa_cache.get_kv_cache_spec(", "swa_cache.kv_cache_spec(")],
+        },  # warmup's
+        "DeepseekV4SWACache defines no get_kv_cache_spec",
+    ),
     "swa signature changed": Fault(
-        {FILE: [("def get_kv_cache_spec(self, vllm_config)", "def get_kv_cache_spec(self, vllm_config, layer_idx=0)")]},
-        "unexpected signature"),
+        {
+            FILE: [
+                (
+                    "def get_kv_cache_spec(self, vllm_config)",
+                    "def get_kv_cache_spec(self, vllm_config, layer_idx=0)",
+                )
+            ]
+        },
+        "unexpected signature",
+    ),
     "get_kv_quant_mode missing": Fault(BUILDS["get_kv_quant_mode missing"], "get_kv_quant_mode"),
-    "spec class with an unknown required field": Fault(BUILDS["spec class with an unknown required field"],
-                                                       "probe inconclusive (ValueError", state="undecided"),
-    "spec page rule raises": Fault(BUILDS["spec page rule raises"], "probe inconclusive (NotImplementedError",
-                                   state="undecided"),
+    "spec class with an unknown required field": Fault(
+        BUILDS["spec class with an unknown required field"],
+        "probe inconclusive (ValueError",
+        state="undecided",
+    ),
+    "spec page rule raises": Fault(
+        BUILDS["spec page rule raises"],
+        "probe inconclusive (NotImplementedError",
+        state="undecided",
+    ),
 }
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "not_needed"}
-REVERT = (Revert("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache.get_kv_cache_spec",
-                 "kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),", None),)
+REVERT = (
+    Revert(
+        "v1/attention/backends/mla/sparse_swa.py",
+        "DeepseekV4SWACache.get_kv_cache_spec",
+        "kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),",
+        None,
+    ),
+)
 
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
 
@@ -81,7 +111,12 @@ def test_on_reverted_vllm_the_v2_runner_views_swa_at_512_bytes_without_the_shim_
 
 @pytest.mark.real_vllm
 @pytest.mark.parametrize("version", runs.VERSIONS)
-def test_on_a_release_with_the_upstream_fix_it_says_vllm_already_returns_584_bytes_per_token(version):
+def test_on_a_release_with_the_upstream_fix_it_says_vllm_already_returns_584_bytes_per_token(
+    version,
+):
     run = runs.released(version)
     assert run["answers"], run["report"]
-    assert run["answers"]["status"][PATCH.name]["detail"] == "not needed (vLLM already returns 584 bytes/token)"
+    assert (
+        run["answers"]["status"][PATCH.name]["detail"]
+        == "not needed (vLLM already returns 584 bytes/token)"
+    )

@@ -38,8 +38,10 @@ def test_wrappers_take_vllms_arguments_the_way_vllms_functions_do(toys):
     assert plan(config=compact_off, items=[1, 2]) == plan(compact_off, [1, 2]) == [1, 2]
 
 
-@pytest.mark.parametrize("parameters", [("self", "name"), ("self", "result"), ("self", "vllm"), ("self", "returned"),
-                                        ("a", "b", "c")])
+@pytest.mark.parametrize(
+    "parameters",
+    [("self", "name"), ("self", "result"), ("self", "vllm"), ("self", "returned"), ("a", "b", "c")],
+)
 def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parameters):
     from dspark_hotfix import registry
     from dspark_hotfix.patches import Need, Patch
@@ -51,8 +53,17 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
         assert answer == tuple(args) + tuple(kwargs.values())
         return (*answer, "corrected")
 
-    patch = Patch("echo", "nowhere", "target", parameters, probe=lambda function: Need(True, ""), correction=correction)
-    wrapper = registry._wrap(registry.Activation("test"), registry.Record(patch), namespace["target"])
+    patch = Patch(
+        "echo",
+        "nowhere",
+        "target",
+        parameters,
+        probe=lambda function: Need(True, ""),
+        correction=correction,
+    )
+    wrapper = registry._wrap(
+        registry.Activation("test"), registry.Record(patch), namespace["target"]
+    )
     values = list(range(len(parameters)))
     assert wrapper(*values) == (*values, "corrected")
     assert wrapper(**dict(zip(parameters, values, strict=True))) == (*values, "corrected")
@@ -101,7 +112,9 @@ def planner(monkeypatch, **changes: Any) -> tuple[list, ModuleType]:
     return calls, toy_planner
 
 
-def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correction(toys, monkeypatch):
+def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correction(
+    toys, monkeypatch
+):
     seen: list = []
 
     correct = GREETING.correction
@@ -117,12 +130,16 @@ def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correctio
 
 
 @pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
-def test_an_arguments_step_calls_vllm_with_the_arguments_it_gives_and_none_keeps_them(toys, monkeypatch, keywords):
+def test_an_arguments_step_calls_vllm_with_the_arguments_it_gives_and_none_keeps_them(
+    toys, monkeypatch, keywords
+):
     # A repair of the call: vLLM's function runs once, with what the step gave, where it gave anything.
     def arguments(self, name):
         return None if name == "ada" else ((self,), {"name": name.lower()})
 
-    calls, greeting = greeter(monkeypatch, arguments=arguments, correction=lambda answer, /, self, name: answer)
+    calls, greeting = greeter(
+        monkeypatch, arguments=arguments, correction=lambda answer, /, self, name: answer
+    )
     call = (lambda name: greeting.greet(name=name)) if keywords else greeting.greet
     assert [call("ada"), call("BOB")] == ["helo, ada", "helo, bob"]
     assert calls == ["ada", "bob"]
@@ -132,7 +149,9 @@ def test_an_arguments_step_calls_vllm_with_the_arguments_it_gives_and_none_keeps
 
 def test_vllms_own_error_passes_through_and_no_correction_runs(toys, monkeypatch):
     seen: list = []
-    calls, greeting = greeter(monkeypatch, correction=lambda answer, /, self, name: seen.append(answer))
+    calls, greeting = greeter(
+        monkeypatch, correction=lambda answer, /, self, name: seen.append(answer)
+    )
     with pytest.raises(KeyError, match="bad"):
         greeting.greet("bad")
     assert calls == ["bad"] and seen == [] and toys.lines("WARNING") == []
@@ -155,7 +174,9 @@ def test_an_arguments_step_that_raises_gives_vllms_answer_and_says_so_once(toys,
     compact = SimpleNamespace(compact=True)
     assert [module.plan(compact, [1, 2]) for _ in range(2)] == [[1]] * 2 and calls == [[1, 2]] * 2
     (warning,) = toys.lines("WARNING")
-    assert warning.startswith(f"{PLANNER.name}: arguments step raised ValueError: no layout"), warning
+    assert warning.startswith(f"{PLANNER.name}: arguments step raised ValueError: no layout"), (
+        warning
+    )
 
 
 def finds(*args: Any) -> None:
@@ -187,8 +208,9 @@ def without(monkeypatch, tmp_path, patch) -> None:
 
 
 @pytest.mark.parametrize("strict", [None, "1"], ids=["default", "strict"])
-def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_without_a_warning(toys, monkeypatch,
-                                                                                                tmp_path, strict):
+def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_without_a_warning(
+    toys, monkeypatch, tmp_path, strict
+):
     # Never imported: nothing failed, nothing to say, strict or not.
     without(monkeypatch, tmp_path, GREETING)
     if strict:
@@ -203,20 +225,29 @@ def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_wit
     assert toys.lines("WARNING") == []
 
 
-@pytest.mark.parametrize("absent", ["", "the toy build plans elsewhere"], ids=["cannot tell", "absence is fine"])
-def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(toys, monkeypatch, tmp_path, absent):
+@pytest.mark.parametrize(
+    "absent", ["", "the toy build plans elsewhere"], ids=["cannot tell", "absence is fine"]
+)
+def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(
+    toys, monkeypatch, tmp_path, absent
+):
     # not_needed with the patch's reason where its absence means the bug cannot happen; a problem, said, where
     # the patch cannot tell. Either way the line is said.
     without(monkeypatch, tmp_path, PLANNER)
-    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (GREETING, dataclasses.replace(PLANNER, absent=absent)))
+    monkeypatch.setattr(
+        dspark_hotfix.patches, "ALL", (GREETING, dataclasses.replace(PLANNER, absent=absent))
+    )
     dspark_hotfix.install()
     importlib.import_module(GREETING.module)
     row = toys.status()[PLANNER.name]
     assert row["state"] == ("not_needed" if absent else "failed"), row
     assert f"this vLLM has no module {PLANNER.module}" in row["detail"] and absent in row["detail"]
     (line,) = toys.summaries()
-    assert line.endswith("fixing: 1 patched (toy_greeting), 1 not_needed" if absent else
-                         "problem: 1 patched (toy_greeting), 1 failed (toy_planner)"), line
+    assert line.endswith(
+        "fixing: 1 patched (toy_greeting), 1 not_needed"
+        if absent
+        else "problem: 1 patched (toy_greeting), 1 failed (toy_planner)"
+    ), line
     assert len(toys.lines("WARNING")) == (0 if absent else 1)  # the failure
 
 
@@ -231,11 +262,17 @@ def test_an_everywhere_patch_whose_module_fails_to_import_waits(toys, monkeypatc
     assert toys.lines("WARNING") == []
 
 
-def test_dspark_hotfix_status_names_a_target_module_it_cannot_import(toys, monkeypatch, tmp_path, capsys):
+def test_dspark_hotfix_status_names_a_target_module_it_cannot_import(
+    toys, monkeypatch, tmp_path, capsys
+):
     # One that is there but fails (a module this vLLM lacks is its patches' to judge: see above).
     broken = [("def plan", "raise ImportError('broken')\ndef plan")]
-    monkeypatch.syspath_prepend(str(edited_standin(tmp_path / "standin", {toy_patches.module_file(PLANNER): broken})))
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # `status` drops it from os.environ
+    monkeypatch.syspath_prepend(
+        str(edited_standin(tmp_path / "standin", {toy_patches.module_file(PLANNER): broken}))
+    )
+    monkeypatch.delenv(
+        "PROMETHEUS_MULTIPROC_DIR", raising=False
+    )  # `status` drops it from os.environ
     assert cli.main(["status"]) == 1
     out = capsys.readouterr().out
     assert f"PROBLEM       cannot import {PLANNER.module}: ImportError: broken" in out, out

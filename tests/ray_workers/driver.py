@@ -18,8 +18,11 @@ class Reporter:
     def report(self, load_plugins):
         # The start-up hook's watcher, put there at interpreter start by sitecustomize.
         early = any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
-        out = {"pid": os.getpid(), "early": early,
-               "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "DSPARK_HOTFIX")}}
+        out = {
+            "pid": os.getpid(),
+            "early": early,
+            "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "DSPARK_HOTFIX")},
+        }
         if load_plugins:
             from vllm.plugins import load_general_plugins
 
@@ -53,8 +56,15 @@ def main(config):
         report = ray.get(actor.report.remote(config["load_plugins"]), timeout=120)
     finally:
         ray.shutdown()
-    print(json.dumps({"driver_pid": os.getpid(), "driver_pythonpath": os.environ.get("PYTHONPATH"),
-                      "actor": report}))
+    print(
+        json.dumps(
+            {
+                "driver_pid": os.getpid(),
+                "driver_pythonpath": os.environ.get("PYTHONPATH"),
+                "actor": report,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

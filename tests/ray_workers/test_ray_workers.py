@@ -35,7 +35,9 @@ pytestmark = pytest.mark.ray
 
 RAY = "ray==2.60.0"
 DRIVER = Path(__file__).with_name("driver.py")
-REPORTED_ERROR = "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+REPORTED_ERROR = (
+    "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+)
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +49,29 @@ def ray_site() -> Path:
 
 def node_python(root: Path, ray_site: Path, wheel: Path | None) -> str:
     """A venv standing in for a Ray node's image: Ray, wrapt and the stand-in vLLM; the wheel if given."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120
+    )
     (site,) = root.glob("lib/python*/site-packages")
     (site / "node.pth").write_text(f"{STANDIN}\n{ray_site}\n")
     if wheel is not None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                        "--target", str(site), str(wheel)], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--target",
+                str(site),
+                str(wheel),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
     return str(root / "bin" / "python")
 
 
@@ -60,10 +79,16 @@ def node_python(root: Path, ray_site: Path, wheel: Path | None) -> str:
 def netns():
     """The command prefix that runs a process in a network namespace with only loopback."""
     name = f"dspark-ray-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True) if shutil.which("ip") else None
+    made = (
+        subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+        if shutil.which("ip")
+        else None
+    )
     if made is None or made.returncode != 0:
-        unavailable("cannot make a network namespace for Ray (needs root and iproute2): "
-                    f"{made.stderr.strip() if made else 'no ip command'}")
+        unavailable(
+            "cannot make a network namespace for Ray (needs root and iproute2): "
+            f"{made.stderr.strip() if made else 'no ip command'}"
+        )
     try:
         subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
         yield ["ip", "netns", "exec", name]
@@ -76,7 +101,9 @@ TOKEN = secrets.token_hex(16)
 
 
 def ray_env(**extra: str) -> dict[str, str]:
-    return clean_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN, **extra)
+    return clean_env(
+        RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN, **extra
+    )
 
 
 def processes() -> list[tuple[int, str, int, int]]:
@@ -124,8 +151,15 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 def drive(netns: list[str], python: str, config: dict, env: dict[str, str], cwd: Path) -> dict:
     """Run the driver in a session of its own; whatever it leaves running is stopped with it."""
-    proc = subprocess.Popen([*netns, python, str(DRIVER), json.dumps(config)], env=env, cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [*netns, python, str(DRIVER), json.dumps(config)],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=240)
     finally:
@@ -156,17 +190,42 @@ def head(short_tmp, netns):
         port = free_port()
         log = (short_tmp / "head.log").open("wb")
         proc = subprocess.Popen(
-            [*netns, python, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-             "--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000",
-             "--include-dashboard=false", f"--temp-dir={short_tmp / 'head'}", "--disable-usage-stats"],
-            env=env, cwd=short_tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                *netns,
+                python,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--head",
+                "--block",
+                f"--port={port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                "--object-store-memory=100000000",
+                "--include-dashboard=false",
+                f"--temp-dir={short_tmp / 'head'}",
+                "--disable-usage-stats",
+            ],
+            env=env,
+            cwd=short_tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         started.append(proc)
         address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            assert proc.poll() is None, f"ray start exited {proc.returncode}: {Path(log.name).read_text()[-4000:]}"
-            check = subprocess.run([*netns, python, "-c", program(partial(ray_reachable, address))],
-                                   env=env, cwd=short_tmp, capture_output=True, timeout=120)
+            assert proc.poll() is None, (
+                f"ray start exited {proc.returncode}: {Path(log.name).read_text()[-4000:]}"
+            )
+            check = subprocess.run(
+                [*netns, python, "-c", program(partial(ray_reachable, address))],
+                env=env,
+                cwd=short_tmp,
+                capture_output=True,
+                timeout=120,
+            )
             if check.returncode == 0:
                 return address
             time.sleep(1)
@@ -188,7 +247,9 @@ def local_config(tmp: Path, **kw) -> dict:
     return {"address": None, "temp_dir": str(tmp / "ray"), "load_plugins": False, **kw}
 
 
-def test_installed_wheel_patches_an_actor_through_vllms_plugin_loader(netns, ray_site, wheel, tmp_path, short_tmp):
+def test_installed_wheel_patches_an_actor_through_vllms_plugin_loader(
+    netns, ray_site, wheel, tmp_path, short_tmp
+):
     python = node_python(tmp_path / "node", ray_site, wheel)
     got = drive(netns, python, local_config(short_tmp, load_plugins=True), ray_env(), short_tmp)
     actor = got["actor"]
@@ -198,10 +259,14 @@ def test_installed_wheel_patches_an_actor_through_vllms_plugin_loader(netns, ray
     assert actor["warmup_error"] is None
 
 
-def test_pythonpath_in_runtime_env_patches_an_actor_at_interpreter_start(netns, ray_site, tmp_path, short_tmp):
+def test_pythonpath_in_runtime_env_patches_an_actor_at_interpreter_start(
+    netns, ray_site, tmp_path, short_tmp
+):
     python = node_python(tmp_path / "node", ray_site, wheel=None)
     runtime_env = {"env_vars": {"PYTHONPATH": f"{REPO}:{STANDIN}"}}
-    got = drive(netns, python, local_config(short_tmp, runtime_env=runtime_env), ray_env(), short_tmp)
+    got = drive(
+        netns, python, local_config(short_tmp, runtime_env=runtime_env), ray_env(), short_tmp
+    )
     actor = got["actor"]
     assert got["driver_pythonpath"] is None and actor["pid"] != got["driver_pid"]
     assert actor["early"] is True
@@ -211,7 +276,8 @@ def test_pythonpath_in_runtime_env_patches_an_actor_at_interpreter_start(netns, 
 
 
 def test_on_a_separately_started_node_only_the_nodes_own_install_or_environment_counts(
-        netns, ray_site, wheel, tmp_path, short_tmp, head):
+    netns, ray_site, wheel, tmp_path, short_tmp, head
+):
     # The node has vLLM but not the shim; the driver has the shim on its PYTHONPATH and the switch set.
     bare = node_python(tmp_path / "bare", ray_site, wheel=None)
     address = head(bare, ray_env())
@@ -225,22 +291,38 @@ def test_on_a_separately_started_node_only_the_nodes_own_install_or_environment_
 
 
 def test_on_a_separately_started_node_the_installed_wheel_patches_and_runtime_env_carries_the_switch(
-        netns, ray_site, wheel, tmp_path, short_tmp, head):
+    netns, ray_site, wheel, tmp_path, short_tmp, head
+):
     node = node_python(tmp_path / "node", ray_site, wheel)
     address = head(node, ray_env())
     driver_env = ray_env(DSPARK_HOTFIX="0")  # set in the driver only: the workers never see it
     got = drive(netns, node, {"address": address, "load_plugins": True}, driver_env, short_tmp)
     assert status_shape.activated_by(got["actor"]["status"]) == "vllm-plugin"
-    assert status_shape.fixes_installed(got["actor"]["status"]) and got["actor"]["warmup_error"] is None
-    off = drive(netns, node, {"address": address, "load_plugins": True,
-                       "runtime_env": {"env_vars": {"DSPARK_HOTFIX": "0"}}}, ray_env(), short_tmp)
+    assert (
+        status_shape.fixes_installed(got["actor"]["status"])
+        and got["actor"]["warmup_error"] is None
+    )
+    off = drive(
+        netns,
+        node,
+        {
+            "address": address,
+            "load_plugins": True,
+            "runtime_env": {"env_vars": {"DSPARK_HOTFIX": "0"}},
+        },
+        ray_env(),
+        short_tmp,
+    )
     assert off["actor"]["env"]["DSPARK_HOTFIX"] == "0"
-    assert {row["state"] for row in status_shape.rows(off["actor"]["status"]).values()} == {"disabled"}
+    assert {row["state"] for row in status_shape.rows(off["actor"]["status"]).values()} == {
+        "disabled"
+    }
     assert off["actor"]["warmup_error"] == REPORTED_ERROR
 
 
 def test_on_a_separately_started_node_pythonpath_in_the_nodes_environment_patches_at_start(
-        netns, ray_site, tmp_path, short_tmp, head):
+    netns, ray_site, tmp_path, short_tmp, head
+):
     bare = node_python(tmp_path / "bare", ray_site, wheel=None)
     address = head(bare, ray_env(PYTHONPATH=f"{REPO}:{STANDIN}"))
     got = drive(netns, bare, {"address": address, "load_plugins": False}, ray_env(), short_tmp)

@@ -44,7 +44,6 @@ class Edit:
     replacement: str | None  # None: the line is dropped
 
 
-
 def declared_edits() -> tuple[Edit, ...]:
     """Every patch's ``REVERT`` edits (tests/patches/test_<name>.py), in the order of ``patches.ALL``.
 
@@ -55,7 +54,9 @@ def declared_edits() -> tuple[Edit, ...]:
     from dspark_hotfix.patches import ALL
     from tests.patches import declared
 
-    return tuple(Edit(r.path, r.function, r.line, r.replacement) for p in ALL for r in declared(p).REVERT)
+    return tuple(
+        Edit(r.path, r.function, r.line, r.replacement) for p in ALL for r in declared(p).REVERT
+    )
 
 
 def to_json(edits: tuple[Edit, ...]) -> str:
@@ -65,6 +66,7 @@ def to_json(edits: tuple[Edit, ...]) -> str:
 
 def from_json(text: str) -> tuple[Edit, ...]:
     return tuple(Edit(**edit) for edit in json.loads(text))
+
 
 STAMP = ".dspark-hotfix-reverted"
 USAGE = "usage: python tests/real_vllm/revert.py SRC_VLLM_PACKAGE_DIR DEST_DIR"
@@ -84,7 +86,11 @@ def _enclosing(lines: list[str], index: int) -> list[str]:
     depth = _indent(lines[index])
     for line in reversed(lines[:index]):
         stripped = line.lstrip()
-        if stripped and _indent(line) < depth and stripped.startswith(("def ", "class ", "async def ")):
+        if (
+            stripped
+            and _indent(line) < depth
+            and stripped.startswith(("def ", "class ", "async def "))
+        ):
             names.insert(0, stripped.split("(")[0].split(":")[0].split()[-1])
             depth = _indent(line)
     return names
@@ -97,7 +103,9 @@ def edited_text(source: Path, edit: Edit, text: str | None = None) -> str:
     hits = [i for i, line in enumerate(lines) if line.strip() == edit.line]
     where = f"{source}: expected exactly one line `{edit.line}` in {edit.function}"
     if len(hits) != 1:
-        raise RevertError(f"{where}, found {len(hits)}: this vLLM differs from the release the revert was written for")
+        raise RevertError(
+            f"{where}, found {len(hits)}: this vLLM differs from the release the revert was written for"
+        )
     (index,) = hits
     owner = ".".join(_enclosing(lines, index))
     if owner != edit.function:
@@ -146,7 +154,9 @@ def revert(src: Path | str, dest: Path | str, edits: tuple[Edit, ...]) -> Path:
         os.rename(staging, dest)
     except OSError:  # dest exists
         if (dest / STAMP).is_file() and (dest / STAMP).read_text() == stamp:
-            shutil.rmtree(staging)  # the same copy, built already (perhaps by a concurrent run): keep it
+            shutil.rmtree(
+                staging
+            )  # the same copy, built already (perhaps by a concurrent run): keep it
         else:
             shutil.rmtree(dest)
             os.rename(staging, dest)

@@ -31,17 +31,25 @@ from tests.patches import declared
 from tests.real_vllm import revert
 
 INSIDE = Path(__file__).resolve().parent / "inside"
-REVERTED_VERSION = "0.25.0"  # the first release with the upstream fixes, the reported build's torch (2.11)
+REVERTED_VERSION = (
+    "0.25.0"  # the first release with the upstream fixes, the reported build's torch (2.11)
+)
 REVERTED = f"{REVERTED_VERSION} reverted"  # a build: the release with every patch's REVERT applied
-RECORDS = "stale: `make records` writes them anew (DSPARK_HOTFIX_UPDATE_EVIDENCE=1), then docs/MATRIX.md"
+RECORDS = (
+    "stale: `make records` writes them anew (DSPARK_HOTFIX_UPDATE_EVIDENCE=1), then docs/MATRIX.md"
+)
 
 
 def expected(build: str) -> dict[str, str]:
     """Each patch's state on ``build`` (a release, or ``REVERTED``): ``patched`` where its REVERT re-creates
     the reported build's code, else its state on the release (``RELEASED``)."""
     version, _, how = build.partition(" ")
-    return {p.name: "patched" if how == "reverted" and declared(p).REVERT else declared(p).RELEASED[version]
-            for p in ALL}
+    return {
+        p.name: "patched"
+        if how == "reverted" and declared(p).REVERT
+        else declared(p).RELEASED[version]
+        for p in ALL
+    }
 
 
 def history(named: Iterable[str], counted: int) -> bool:
@@ -60,12 +68,18 @@ def reverted_copy(python: Path, version: str = REVERTED_VERSION) -> Path:
     Kept under the venv cache, keyed by the version, the installed package's place, the revert script and
     the edits, so it is built once (milliseconds: a shadow tree).
     """
-    src = subprocess.run([str(python), "-c", program(vllm_package)], env=clean_env(), capture_output=True, text=True,
-                         check=True)
+    src = subprocess.run(
+        [str(python), "-c", program(vllm_package)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     package = json.loads(src.stdout)
     edits = revert.declared_edits()
-    key = hashlib.sha256(Path(revert.__file__).read_bytes() + revert.to_json(edits).encode()
-                         + package.encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        Path(revert.__file__).read_bytes() + revert.to_json(edits).encode() + package.encode()
+    ).hexdigest()[:12]
     dest = cache_dir() / f"vllm-{version}-reverted-{key}"
     if not (dest / revert.STAMP).is_file():
         revert.revert(package, dest, edits)
@@ -81,20 +95,35 @@ def vllm_package() -> str:
     return next(iter(spec.submodule_search_locations))
 
 
-def inside_pytest(python: Path, checks: tuple[str, ...], env: dict[str, str], tmp: Path) -> dict[str, Any]:
+def inside_pytest(
+    python: Path, checks: tuple[str, ...], env: dict[str, str], tmp: Path
+) -> dict[str, Any]:
     """``checks`` (files of inside/) under the venv's pytest: its output, its skipped tests, what they wrote."""
     junit, out = tmp / "junit.xml", tmp / "answers.json"
     start = time.monotonic()
     proc = subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-         *(str(INSIDE / check) for check in checks)],
-        env=dict(env, ANSWERS_OUT=str(out)), cwd=str(REPO),
-        capture_output=True, text=True, timeout=1800,
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            *(str(INSIDE / check) for check in checks),
+        ],
+        env=dict(env, ANSWERS_OUT=str(out)),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     report = f"{', '.join(checks)} ran {time.monotonic() - start:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     cases = list(ET.parse(junit).getroot().iter("testcase")) if junit.is_file() else []
     return {
-        "returncode": proc.returncode, "report": report, "cases": [case.get("name") for case in cases],
+        "returncode": proc.returncode,
+        "report": report,
+        "cases": [case.get("name") for case in cases],
         "skipped": sorted(case.get("name") for case in cases if case.find("skipped") is not None),
         "answers": json.loads(out.read_text()) if out.is_file() else {},
     }
@@ -103,6 +132,7 @@ def inside_pytest(python: Path, checks: tuple[str, ...], env: dict[str, str], tm
 def once_per_run(run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """``functools.cache``, shared by pytest-xdist's workers: the first to ask runs it, the others wait
     and read its result (a pickle in a folder of this test run's own)."""
+
     @functools.cache
     @functools.wraps(run)
     def shared(*args: str) -> dict[str, Any]:
@@ -134,11 +164,20 @@ def released(version: str) -> dict[str, Any]:
     layout (None where the release no longer views NONE-mode specs as 'auto')."""
     python, seconds = ensure_venv(version)
     tmp = scratch(f"released-{version}")
-    env = clean_env(PYTHONPATH=str(REPO), EXPECTED_STATES=json.dumps(expected(version)),
-                    KV_VIEWS_OUT=str(tmp / "kv_views.json"))
+    env = clean_env(
+        PYTHONPATH=str(REPO),
+        EXPECTED_STATES=json.dumps(expected(version)),
+        KV_VIEWS_OUT=str(tmp / "kv_views.json"),
+    )
     run = inside_pytest(python, ("check_real_vllm.py", "check_layout.py"), env, tmp)
-    views = json.loads((tmp / "kv_views.json").read_text()) if (tmp / "kv_views.json").is_file() else None
-    return dict(run, views=views, report=f"vllm=={version} (installed in {seconds:.0f} s)\n{run['report']}")
+    views = (
+        json.loads((tmp / "kv_views.json").read_text())
+        if (tmp / "kv_views.json").is_file()
+        else None
+    )
+    return dict(
+        run, views=views, report=f"vllm=={version} (installed in {seconds:.0f} s)\n{run['report']}"
+    )
 
 
 @once_per_run
@@ -148,12 +187,19 @@ def reverted() -> dict[str, Any]:
     round with it."""
     python, seconds = ensure_venv(REVERTED_VERSION)
     copy = reverted_copy(python)
-    env = clean_env(PYTHONPATH=os.pathsep.join((str(copy), str(REPO))), REVERTED_VLLM=str(copy),
-                    REVERT_EDITS=revert.to_json(revert.declared_edits()),
-                    EXPECTED_STATES=json.dumps(expected(REVERTED)))
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join((str(copy), str(REPO))),
+        REVERTED_VLLM=str(copy),
+        REVERT_EDITS=revert.to_json(revert.declared_edits()),
+        EXPECTED_STATES=json.dumps(expected(REVERTED)),
+    )
     run = inside_pytest(python, ("check_reverted.py",), env, scratch("reverted"))
-    return dict(run, copy=str(copy), report=f"vllm=={REVERTED_VERSION} reverted at {copy} "
-                                            f"(installed in {seconds:.0f} s)\n{run['report']}")
+    return dict(
+        run,
+        copy=str(copy),
+        report=f"vllm=={REVERTED_VERSION} reverted at {copy} "
+        f"(installed in {seconds:.0f} s)\n{run['report']}",
+    )
 
 
 @once_per_run
@@ -166,10 +212,19 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
     path = [str(REPO)]
     if build == REVERTED:
         path.insert(0, str(reverted_copy(python)))
-    env = clean_env(PYTHONPATH=os.pathsep.join(path), **({"DSPARK_HOTFIX": "0"} if arm == "without_shim" else {}))
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join(path),
+        **({"DSPARK_HOTFIX": "0"} if arm == "without_shim" else {}),
+    )
     start = time.monotonic()
-    proc = subprocess.run([str(python), str(INSIDE / "hybrid_off.py")], env=env, cwd=str(REPO), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [str(python), str(INSIDE / "hybrid_off.py")],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     seconds = time.monotonic() - start
     report = f"{build} {arm}: hybrid_off.py exited {proc.returncode} after {seconds:.0f} s\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, report
@@ -178,10 +233,18 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
     return dict(result, seconds=round(seconds, 1), stderr=proc.stderr)
 
 
-def in_venv(version: str, code: str, *, shim: bool = True, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+def in_venv(
+    version: str, code: str, *, shim: bool = True, timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
     """``python -c code`` (a :func:`tests.conftest.program`) in the venv of ``vllm==version``, inside/ on
     ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all)."""
     python, _ = ensure_venv(version)
     path = [str(INSIDE), *([str(REPO)] if shim else [])]
-    return subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(python), "-c", code],
+        env=clean_env(PYTHONPATH=os.pathsep.join(path)),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -55,7 +55,9 @@ def status_of(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def wrapped(result: dict[str, Any]) -> list[str]:
     """vLLM's functions the arm reports, by its key, that carry a wrapper."""
-    return [key for key, value in result.items() if isinstance(value, dict) and value.get("wrapped")]
+    return [
+        key for key, value in result.items() if isinstance(value, dict) and value.get("wrapped")
+    ]
 
 
 def assert_hybrid_on_views_584(result: dict[str, Any]) -> None:
@@ -65,7 +67,8 @@ def assert_hybrid_on_views_584(result: dict[str, Any]) -> None:
     swa, states = layers(on, "swa"), layers(on, "state")
     assert len(swa) == 7 and len(states) == 3, on["layers"]
     assert {(r["spec"], r["kv_quant_mode"], r["block_size"]) for r in swa.values()} == {
-        ("SlidingWindowMLASpec", "FP8_PER_TENSOR", 64)}, swa
+        ("SlidingWindowMLASpec", "FP8_PER_TENSOR", 64)
+    }, swa
     assert bytes_per_token(on, "swa") == bytes_per_token(on, "attn") == {584}, on["layers"]
     # The compressor states keep the block sizes their kernels take (4 for C4, 8 for C128).
     assert sorted(r["block_size"] for r in states.values()) == [4, 4, 8], states
@@ -83,13 +86,17 @@ def assert_never_narrow(result: dict[str, Any]) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_without_the_shim(version):
     if version not in BEHAVIOUR:
-        pytest.fail(f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
-                    "it to BEHAVIOUR")
+        pytest.fail(
+            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
+            "it to BEHAVIOUR"
+        )
     result = runs.hybrid_off(version, "without_shim")
     print(f"vllm=={version} without the shim: {result['seconds']} s")
     assert result["vllm"] == version
     status = status_of(result)
-    assert not result["status"]["enabled"] and {row["state"] for row in status.values()} == {"disabled"}, status
+    assert not result["status"]["enabled"] and {row["state"] for row in status.values()} == {
+        "disabled"
+    }, status
     assert wrapped(result) == []
     assert_hybrid_on_views_584(result)
     off = result["hybrid_off"]
@@ -100,18 +107,29 @@ def test_without_the_shim(version):
         assert [(g["block_size"], g["layers"]) for g in off["groups"]] == [(256, 13)], off["groups"]
         swa, states = layers(off, "swa"), layers(off, "state")
         assert {(r["spec"], r["kv_quant_mode"], r["block_size"]) for r in swa.values()} == {
-            ("MLAAttentionSpec", "NONE", 256)}, swa
+            ("MLAAttentionSpec", "NONE", 256)
+        }, swa
         assert bytes_per_token(off, "swa") == {512}, swa
-        assert {(r["block_size"], r["view"]["slots_per_block"]) for r in states.values()} == {(256, 256)}, states
+        assert {(r["block_size"], r["view"]["slots_per_block"]) for r in states.values()} == {
+            (256, 256)
+        }, states
         assert sorted(off["specs_rebuilt"]) == sorted([*swa, *states]), off["specs_rebuilt"]
-        assert bytes_per_token(off, "attn") == {584}, off["layers"]  # the compressed MLA caches keep theirs
+        assert bytes_per_token(off, "attn") == {584}, off[
+            "layers"
+        ]  # the compressed MLA caches keep theirs
         assert "Hybrid KV cache manager is disabled" in result["stderr"]
     else:
         assert off["outcome"] == "error", off
-        assert off["error"]["type"] == "builtins.TypeError" and "bounded_replay" in off["error"]["message"], off
+        assert (
+            off["error"]["type"] == "builtins.TypeError"
+            and "bounded_replay" in off["error"]["message"]
+        ), off
     merge = result["merge"]
     assert (merge["spec"], merge["input_kv_quant_mode"], merge["kv_quant_mode"]) == (
-        "SlidingWindowMLASpec", "FP8_PER_TENSOR", "NONE"), merge
+        "SlidingWindowMLASpec",
+        "FP8_PER_TENSOR",
+        "NONE",
+    ), merge
     if BEHAVIOUR[version] == LOSES_LAYOUT:  # the V2 runner's "auto" rule: NONE views at 512
         assert merge["view"]["bytes_per_token"] == 512, merge
 
@@ -119,9 +137,14 @@ def test_without_the_shim(version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_with_the_shim(version):
     if version not in BEHAVIOUR:
-        pytest.fail(f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
-                    "it to BEHAVIOUR")
-    result, without = runs.hybrid_off(version, "with_shim"), runs.hybrid_off(version, "without_shim")
+        pytest.fail(
+            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
+            "it to BEHAVIOUR"
+        )
+    result, without = (
+        runs.hybrid_off(version, "with_shim"),
+        runs.hybrid_off(version, "without_shim"),
+    )
     print(f"vllm=={version} with the shim: {result['seconds']} s")
     assert result["vllm"] == version
     status = status_of(result)
@@ -143,19 +166,31 @@ def test_with_the_shim(version):
 def test_reverted_vllm_views_512_without_the_shim_and_never_narrow_with_it():
     """0.25.0 with every REVERT applied (the reported build's specs): without the shim both managers view
     512; with it every patch is in its declared state and no grouping that goes through views under 584."""
-    result, without = runs.hybrid_off(REVERTED, "with_shim"), runs.hybrid_off(REVERTED, "without_shim")
-    print(f"vllm=={REVERTED_VERSION} reverted: {without['seconds']} s without the shim, {result['seconds']} s "
-          "with it")
+    result, without = (
+        runs.hybrid_off(REVERTED, "with_shim"),
+        runs.hybrid_off(REVERTED, "without_shim"),
+    )
+    print(
+        f"vllm=={REVERTED_VERSION} reverted: {without['seconds']} s without the shim, {result['seconds']} s "
+        "with it"
+    )
     for answer in (result, without):
         assert answer["vllm"] == REVERTED_VERSION
-        assert "-reverted-" in answer["vllm_file"], answer["vllm_file"]  # the shadow copy, not the venv's package
+        assert "-reverted-" in answer["vllm_file"], answer[
+            "vllm_file"
+        ]  # the shadow copy, not the venv's package
     assert {row["state"] for row in status_of(without).values()} == {"disabled"}, status_of(without)
     on, off = without["hybrid_on"], without["hybrid_off"]
     assert on["outcome"] == off["outcome"] == "ok", (on, off)
-    assert bytes_per_token(on, "swa") == bytes_per_token(off, "swa") == {512}, (on["layers"], off["layers"])
+    assert bytes_per_token(on, "swa") == bytes_per_token(off, "swa") == {512}, (
+        on["layers"],
+        off["layers"],
+    )
     assert bytes_per_token(on, "attn") == {512}, on["layers"]
 
-    assert {name: row["state"] for name, row in status_of(result).items()} == runs.expected(REVERTED)
+    assert {name: row["state"] for name, row in status_of(result).items()} == runs.expected(
+        REVERTED
+    )
     assert_hybrid_on_views_584(result)  # the corrections' work
     assert_never_narrow(result)
 
@@ -178,22 +213,29 @@ def deterministic(result: dict[str, Any]) -> dict[str, Any]:
         out[key] = dict(result[key], error=error(result[key].get("error")))
     out["merge"] = dict(result["merge"], view_error=error(result["merge"].get("view_error")))
     status = result["status"]
-    out["status"] = status and {name: [row["state"], row["needed"]] for name, row in status["patches"].items()}
+    out["status"] = status and {
+        name: [row["state"], row["needed"]] for name, row in status["patches"].items()
+    }
     return out
 
 
 def test_evidence_records_the_matrix():
     recorded: dict[str, Any] = {
         "about": "DeepSeek-V4's KV caches with vLLM's hybrid KV cache manager on and off, measured on the CPU with "
-                 "vLLM's own code by tests/real_vllm/inside/hybrid_off.py (4 target layers with compress ratios "
-                 "0, 4, 128, 0 and 3 DSpark draft layers, block size 256, fp8_ds_mla); bytes_per_token is the last "
-                 "dimension's bytes of the V2 runner's view. Arms: without_shim (DSPARK_HOTFIX=0), with_shim (the "
-                 f"repository on PYTHONPATH); {KEY[REVERTED]}: vLLM {REVERTED_VERSION} with PR #47716 reverted.",
+        "vLLM's own code by tests/real_vllm/inside/hybrid_off.py (4 target layers with compress ratios "
+        "0, 4, 128, 0 and 3 DSpark draft layers, block size 256, fp8_ds_mla); bytes_per_token is the last "
+        "dimension's bytes of the V2 runner's view. Arms: without_shim (DSPARK_HOTFIX=0), with_shim (the "
+        f"repository on PYTHONPATH); {KEY[REVERTED]}: vLLM {REVERTED_VERSION} with PR #47716 reverted.",
         "recorded_by": "tests/real_vllm/test_hybrid_off.py (DSPARK_HOTFIX_UPDATE_EVIDENCE=1)",
         "versions": {
-            KEY[label]: {arm: {k: v for k, v in runs.hybrid_off(label, arm).items()
-                               if k not in ("vllm_file", "seconds", "stderr")}
-                         for arm in ARMS}
+            KEY[label]: {
+                arm: {
+                    k: v
+                    for k, v in runs.hybrid_off(label, arm).items()
+                    if k not in ("vllm_file", "seconds", "stderr")
+                }
+                for arm in ARMS
+            }
             for label in LABELS
         },
     }
@@ -205,9 +247,14 @@ def test_evidence_records_the_matrix():
     for label in LABELS:
         assert set(committed["versions"][KEY[label]]) == set(ARMS), STALE
         for arm in ARMS:
-            was, now = (deterministic(record["versions"][KEY[label]][arm]) for record in (committed, recorded))
+            was, now = (
+                deterministic(record["versions"][KEY[label]][arm])
+                for record in (committed, recorded)
+            )
             stale = f"{STALE} ({label}, {arm})"
-            if runs.history(was["status"], len(was["status"])):  # a patch removed since: the others' states hold
+            if runs.history(
+                was["status"], len(was["status"])
+            ):  # a patch removed since: the others' states hold
                 assert {name: was["status"][name] for name in now["status"]} == now["status"], stale
             else:
                 assert was == now, stale

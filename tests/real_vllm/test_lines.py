@@ -60,9 +60,16 @@ def lines_of(build: str, kind: str) -> list[str]:
     path = [str(REPO)]
     if build.endswith("reverted"):
         path.insert(0, str(reverted_copy(python)))  # built by the fixture, before the runs
-    code = program(partial(import_present, list(KINDS[kind])))  # (a patch's module some releases lack)
-    proc = subprocess.run([str(python), "-c", code], env=clean_env(PYTHONPATH=os.pathsep.join(path)),
-                          capture_output=True, text=True, timeout=600)
+    code = program(
+        partial(import_present, list(KINDS[kind]))
+    )  # (a patch's module some releases lack)
+    proc = subprocess.run(
+        [str(python), "-c", code],
+        env=clean_env(PYTHONPATH=os.pathsep.join(path)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{build}, {kind}:\n{proc.stderr[-3000:]}"
     return [state_of(line) for line in summary_lines(proc.stderr)]
 
@@ -86,8 +93,12 @@ def measured() -> dict[str, dict[str, list[str]]]:
 def read(line: str) -> tuple[int, dict[str, str]]:
     """How many patches a line counts, and the state of each it names."""
     rest = line.partition(": ")[2]
-    named = {name.strip(): state for state, names in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest)
-             for name in names.split(",") if name.strip()}
+    named = {
+        name.strip(): state
+        for state, names in re.findall(r"\d+ (\w+)(?: \(([^)]*)\))?", rest)
+        for name in names.split(",")
+        if name.strip()
+    }
     return sum(int(n) for n in re.findall(r"(\d+) \w+", rest)), named
 
 
@@ -105,7 +116,9 @@ def test_the_committed_lines_are_what_real_vllm_processes_print(measured):
         for kind, lines in kinds.items():
             recorded = committed[build][kind]
             counted, named = read(recorded[-1])
-            if runs.history(named, counted):  # a patch removed since: the states of the others still hold
+            if runs.history(
+                named, counted
+            ):  # a patch removed since: the states of the others still hold
                 assert states(recorded[-1]) == states(lines[-1]), (build, kind, stale)
             else:
                 assert recorded == lines, (build, kind, stale)
@@ -116,7 +129,10 @@ def test_every_kind_of_process_gives_one_verdict_per_build(measured):
         verdicts = {kind: lines[-1].split(":")[0] for kind, lines in kinds.items()}
         assert len(set(verdicts.values())) == 1, (build, verdicts)
     for build, kinds in measured.items():
-        assert all(lines[-1].startswith(f"{verdict(build)}: ") for lines in kinds.values()), (build, kinds)
+        assert all(lines[-1].startswith(f"{verdict(build)}: ") for lines in kinds.values()), (
+            build,
+            kinds,
+        )
 
 
 def verdict(build: str) -> str:
@@ -134,11 +150,16 @@ def decorate_logs() -> None:
 
 # An engine core as vLLM 0.25.0 starts one: its config's classes imported as it is unpickled (the targets with
 # them), then vLLM's decorate_logs() prefixes its stdout and stderr, then EngineCore loads vLLM's plugins.
-ENGINE_CORE = program(partial(import_modules, ["vllm.models.deepseek_v4", "vllm.v1.core.kv_cache_utils"]),
-                      decorate_logs, load_plugins)
+ENGINE_CORE = program(
+    partial(import_modules, ["vllm.models.deepseek_v4", "vllm.v1.core.kv_cache_utils"]),
+    decorate_logs,
+    load_plugins,
+)
 
 
-def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_the_plugin(tmp_path: Path):
+def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_the_plugin(
+    tmp_path: Path,
+):
     python, _ = ensure_venv("0.25.0")
     # The wheel's entry point, as an installed wheel declares it (setup.cfg), beside the checkout.
     entry = configparser.ConfigParser()
@@ -147,13 +168,25 @@ def test_an_engine_core_says_its_line_again_under_vllms_prefix_when_vllm_loads_t
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dspark_hotfix\nVersion: 0\n")
     (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\n" + entry["options.entry_points"]["vllm.general_plugins"].strip() + "\n")
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]), VLLM_PLUGINS="dspark_hotfix")
-    proc = subprocess.run([str(python), "-c", ENGINE_CORE], env=env, capture_output=True, text=True, timeout=600)
+        "[vllm.general_plugins]\n"
+        + entry["options.entry_points"]["vllm.general_plugins"].strip()
+        + "\n"
+    )
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(tmp_path)]), VLLM_PLUGINS="dspark_hotfix"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", ENGINE_CORE], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if "[dspark_hotfix] " in line]
     first, again = ours  # nothing else: no warning
     pid = first.split(" (pid ", 1)[1].split(")", 1)[0]
-    assert first.startswith("INFO ") and again.startswith(f"(EngineCore pid={pid}) INFO "), (first, again)
-    assert state_of(first.split("[dspark_hotfix] ", 1)[1]) == state_of(again.split("[dspark_hotfix] ", 1)[1])
+    assert first.startswith("INFO ") and again.startswith(f"(EngineCore pid={pid}) INFO "), (
+        first,
+        again,
+    )
+    assert state_of(first.split("[dspark_hotfix] ", 1)[1]) == state_of(
+        again.split("[dspark_hotfix] ", 1)[1]
+    )
     assert f"via sitecustomize: {verdict('0.25.0')}: " in again  # vLLM 0.25.0 as released

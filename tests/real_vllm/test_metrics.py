@@ -41,15 +41,23 @@ TARGETS = list(dict.fromkeys(p.module for p in ALL))
 def run(*args: str) -> list[dict]:
     python, _ = ensure_venv(VERSION)
     env = clean_env(PYTHONPATH=str(REPO), TARGET_MODULES=json.dumps(TARGETS))
-    proc = subprocess.run([str(python), str(INSIDE), *args], env=env, cwd=str(REPO), capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [str(python), str(INSIDE), *args],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def scraped(row: dict) -> Scrape:
     assert row["status"] == 200
-    assert sorted(map(json.dumps, row["served"])) == sorted(map(json.dumps, row["direct"]))  # the route serves it
+    assert sorted(map(json.dumps, row["served"])) == sorted(
+        map(json.dumps, row["direct"])
+    )  # the route serves it
     return Scrape(row["served"])
 
 
@@ -61,7 +69,9 @@ def test_one_api_server_serves_the_states_of_its_own_process_from_the_default_re
     scrape = scraped(api)
     assert scrape.info == {("sitecustomize", __version__, None): 1}
     assert scrape.current() == DECIDED
-    assert scrape.needed == {(patch, None): int(state == "patched") for patch, state in DECIDED.items()}
+    assert scrape.needed == {
+        (patch, None): int(state == "patched") for patch, state in DECIDED.items()
+    }
 
 
 def test_several_api_servers_serve_every_process_through_vllms_multiprocess_collection():

@@ -34,8 +34,11 @@ RESHAPE = {"test_v2_runner_reshape_gives_512_before_and_584_after_the_correction
 def test_shim_on_real_vllm(version):
     python, _ = ensure_venv(version)
     # Each release runs with one end of the supported wrapt range (venvs.WRAPT).
-    wrapt = json.loads(subprocess.run([str(python), "-c", program(wrapt_version)], capture_output=True, text=True,
-                                      check=True).stdout)
+    wrapt = json.loads(
+        subprocess.run(
+            [str(python), "-c", program(wrapt_version)], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert wrapt == "1.17.3" if version == "0.25.0" else wrapt.startswith("2."), wrapt
     run = runs.released(version)
     print(run["report"])
@@ -74,12 +77,24 @@ def loader_specs() -> list[Any]:
     for name in ["prometheus_client", *dict.fromkeys(p.module for p in ALL)]:
         if "." in name:
             importlib.import_module(name.rpartition(".")[0])
-        if name not in sys.modules and importlib.util.find_spec(name) is not None:  # (some releases lack one)
+        if (
+            name not in sys.modules and importlib.util.find_spec(name) is not None
+        ):  # (some releases lack one)
             spec = importlib.util.find_spec(name)
             assert spec is not None
-            copies = [copy.copy(spec), copy.deepcopy(spec), pickle.loads(pickle.dumps(spec)), copy.copy(spec.loader)]
-            rows.append([name, type(spec.loader).__name__] + [
-                (c.loader if hasattr(c, "loader") else c).get_filename(name) == spec.origin for c in copies])
+            copies = [
+                copy.copy(spec),
+                copy.deepcopy(spec),
+                pickle.loads(pickle.dumps(spec)),
+                copy.copy(spec.loader),
+            ]
+            rows.append(
+                [name, type(spec.loader).__name__]
+                + [
+                    (c.loader if hasattr(c, "loader") else c).get_filename(name) == spec.origin
+                    for c in copies
+                ]
+            )
             importlib.import_module(name)
     return [*rows, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}]
 
@@ -87,10 +102,18 @@ def loader_specs() -> list[Any]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(version):
     python, _ = ensure_venv(version)  # wrapt 1.17.3 on 0.25.0, the newest 2.x on 0.33.0
-    proc = subprocess.run([str(python), "-c", program(loader_specs)], env=clean_env(PYTHONPATH=str(REPO)),
-                          cwd=str(REPO), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [str(python), "-c", program(loader_specs)],
+        env=clean_env(PYTHONPATH=str(REPO)),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ((*rows, states),) = json_lines(proc.stdout)
     # Importing each target's package imports every target on these releases: prometheus_client is left.
-    assert rows == [["prometheus_client", "_ImportHookChainedLoader", True, True, True, True]], proc.stderr[-3000:]
+    assert rows == [["prometheus_client", "_ImportHookChainedLoader", True, True, True, True]], (
+        proc.stderr[-3000:]
+    )
     assert states == runs.expected(version)

@@ -28,8 +28,12 @@ def activate(source: str = "sitecustomize", modules: tuple[str, ...] = TOY_MODUL
         importlib.import_module(module)
 
 
-def build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edits: dict[str, list[tuple[str, str]]],
-          name: str = "standin") -> Path:
+def build(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    edits: dict[str, list[tuple[str, str]]],
+    name: str = "standin",
+) -> Path:
     """A copy of the stand-in with ``edits``, ahead of the stand-in on ``sys.path`` (after the fixture's)."""
     copy = edited_standin(tmp_path / name, edits)
     monkeypatch.syspath_prepend(str(copy))
@@ -66,7 +70,9 @@ def strict(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def startup_module() -> Any:
     """The start-up hook's module, loaded under another name: its ``start()`` does not run."""
-    spec = importlib.util.spec_from_file_location("dspark_hotfix_startup_copy", STARTUP / "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location(
+        "dspark_hotfix_startup_copy", STARTUP / "sitecustomize.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,7 +13,12 @@ from tests.conftest import REPO
 
 def documented_queries(section: str) -> list[str]:
     """The queries of the ```promql block of docs/OPERATORS.md's ``section``, each without its comment lines."""
-    text = (REPO / "docs" / "OPERATORS.md").read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    text = (
+        (REPO / "docs" / "OPERATORS.md")
+        .read_text()
+        .split(f"\n## {section}\n", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     block = re.search(r"^```promql\n(.*?)^```", text, re.M | re.S)
     assert block is not None, section
     queries: list[list[str]] = [[]]
@@ -35,16 +40,23 @@ def promtool() -> str:
     if found or binary.exists():
         return found or str(binary)
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        unavailable("promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's prometheus")
+        unavailable(
+            "promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's prometheus"
+        )
     download = root.with_name("promtool-deb")
     download.mkdir(parents=True, exist_ok=True)
-    for argv in (["apt-get", "download", "-q", "prometheus"], ["apt-get", "update", "-qq"],
-                 ["apt-get", "download", "-q", "prometheus"]):
+    for argv in (
+        ["apt-get", "download", "-q", "prometheus"],
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "download", "-q", "prometheus"],
+    ):
         proc = subprocess.run(argv, cwd=download, capture_output=True, text=True, timeout=600)
         if proc.returncode == 0 and argv[1] == "download":
             break
     debs = sorted(download.glob("prometheus_*.deb"))
     if not debs:
-        unavailable(f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}")
+        unavailable(
+            f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}"
+        )
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
     return str(binary)

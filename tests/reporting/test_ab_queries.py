@@ -26,8 +26,11 @@ from tests.reporting.promql import documented_queries, promtool
 SERIES = Path(__file__).with_name("ab_series.json")
 EVIDENCE = REPO / "docs" / "evidence"
 METRICS = EVIDENCE / "serve-h200-metrics"
-ACCEPTED, DRAFTED, GENERATED = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
-                                "vllm:generation_tokens_total")
+ACCEPTED, DRAFTED, GENERATED = (
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:generation_tokens_total",
+)
 NEAREST = 1e-6  # promtool compares values exactly: both sides are rounded to this
 
 
@@ -37,7 +40,11 @@ def rate(points: list[tuple[float, float]], window: float, at: float) -> float:
     scrapes reach close enough, and never back past the counter's zero."""
     points = [(t, v) for t, v in points if at - window < t <= at]
     (start, first), (end, last) = points[0], points[-1]
-    increase = last - first + sum(before for (_, before), (_, after) in itertools.pairwise(points) if after < before)
+    increase = (
+        last
+        - first
+        + sum(before for (_, before), (_, after) in itertools.pairwise(points) if after < before)
+    )
     sampled = end - start
     average = sampled / (len(points) - 1)
     to_start, to_end = start - (at - window), at - end
@@ -66,7 +73,9 @@ def evaluated(pods: list[dict], step: int, tmp_path: Path) -> dict[str, dict[str
     windows = {int(m) * 60 for m in re.findall(r"\[(\d+)m\]", acceptance + output)}
     (window,) = windows  # one window for every rate
     at = max(t for pod in pods for points in pod["counters"].values() for t, _ in points) + step / 2
-    assert all(t != at - window for pod in pods for points in pod["counters"].values() for t, _ in points)
+    assert all(
+        t != at - window for pod in pods for points in pod["counters"].values() for t, _ in points
+    )
     rates: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for pod in pods:
         for name, points in pod["counters"].items():
@@ -81,15 +90,33 @@ def evaluated(pods: list[dict], step: int, tmp_path: Path) -> dict[str, dict[str
             at_step = {round(t / step): v for t, v in points}
             values = [f"{at_step[n]:g}" if n in at_step else "_" for n in range(max(at_step) + 1)]
             inputs.append({"series": series(name, pod["labels"]), "values": " ".join(values)})
-    tests = {"evaluation_interval": f"{step}s", "tests": [{"interval": f"{step}s", "input_series": inputs,
-             "promql_expr_test": [
-                 {"expr": f"round({expr}, {NEAREST:g})", "eval_time": f"{int(at * 1000)}ms",
-                  "exp_samples": [{"labels": series("", {"arm": arm}), "value": rounded(value)}
-                                  for arm, value in sorted(expected[which].items())]}
-                 for which, expr in (("acceptance", acceptance), ("output", output))]}]}
+    tests = {
+        "evaluation_interval": f"{step}s",
+        "tests": [
+            {
+                "interval": f"{step}s",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {
+                        "expr": f"round({expr}, {NEAREST:g})",
+                        "eval_time": f"{int(at * 1000)}ms",
+                        "exp_samples": [
+                            {"labels": series("", {"arm": arm}), "value": rounded(value)}
+                            for arm, value in sorted(expected[which].items())
+                        ],
+                    }
+                    for which, expr in (("acceptance", acceptance), ("output", output))
+                ],
+            }
+        ],
+    }
     (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML
-    proc = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "tests.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return expected
 
@@ -97,9 +124,19 @@ def evaluated(pods: list[dict], step: int, tmp_path: Path) -> dict[str, dict[str
 def test_the_documented_ab_queries_give_each_arms_acceptance_and_output_rate(tmp_path):
     data = json.loads(SERIES.read_text())
     interval = data["interval_s"]
-    pods = [{**pod, "counters": {name: [(n * interval, v) for n, v in enumerate(values)]
-                                 for name, values in pod["counters"].items()}} for pod in data["pods"]]
-    assert (min(map(len, data["pods"][0]["counters"].values())) - 1) * interval > 5 * 60  # more than the window
+    pods = [
+        {
+            **pod,
+            "counters": {
+                name: [(n * interval, v) for n, v in enumerate(values)]
+                for name, values in pod["counters"].items()
+            },
+        }
+        for pod in data["pods"]
+    ]
+    assert (
+        min(map(len, data["pods"][0]["counters"].values())) - 1
+    ) * interval > 5 * 60  # more than the window
     expected = evaluated(pods, interval, tmp_path)
     assert set(expected["acceptance"]) == {"a", "b"}
     # What the comparison is for: B's draft runs on weights it never loaded, A's does not.
@@ -129,19 +166,31 @@ BENCH_SCRAPES = {
 
 
 @pytest.mark.parametrize("calls, scrapes", BENCH_SCRAPES.values(), ids=BENCH_SCRAPES)
-def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmarks_acceptance(calls, scrapes, tmp_path):
+def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmarks_acceptance(
+    calls, scrapes, tmp_path
+):
     # The A arm is the tolerant build with the plugin, B the tolerant build as shipped.
     record = json.loads((EVIDENCE / "serve-h200.json").read_text())
     figure = record["figures"]["bench"]["call58"]  # (the arms' names)
     arms = {"a": figure["fixed_arm"], "b": figure["reference_arm"]}
-    (runs,) = [ses["summary"]["bench_runs"] for ses in record["sessions"] if ses["source"] == calls[-1]]
-    points = {arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom.xz")]
-              for arm, server in arms.items()}
+    (runs,) = [
+        ses["summary"]["bench_runs"] for ses in record["sessions"] if ses["source"] == calls[-1]
+    ]
+    points = {
+        arm: [s for call in calls for s in scraped(METRICS / f"{call}-metrics-{server}.prom.xz")]
+        for arm, server in arms.items()
+    }
     origin = math.floor(min(t for scrapes in points.values() for t, _, _ in scrapes))
-    pods = [{"labels": {"arm": arm, "pod": f"vllm-dspark-{arm}-0"},
-             "counters": {name: [(round(t - origin), got[name]) for t, got, _ in scrapes]
-                          for name in (ACCEPTED, DRAFTED, GENERATED)}}
-            for arm, scrapes in points.items()]
+    pods = [
+        {
+            "labels": {"arm": arm, "pod": f"vllm-dspark-{arm}-0"},
+            "counters": {
+                name: [(round(t - origin), got[name]) for t, got, _ in scrapes]
+                for name in (ACCEPTED, DRAFTED, GENERATED)
+            },
+        }
+        for arm, scrapes in points.items()
+    ]
     assert all(len(got) == scrapes for got in points.values()), points
     expected = evaluated(pods, 1, tmp_path)
     # The query says what vLLM's benchmark client measured over the last call's runs: every draft token accepted
@@ -149,9 +198,14 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
     for arm, server in arms.items():
         measured = [run["result"] for run in runs if run["arm"] == server]
         assert measured, server
-        bench = sum(r["spec_decode_accepted_tokens"] for r in measured) / sum(r["spec_decode_draft_tokens"]
-                                                                            for r in measured)
-        assert abs(expected["acceptance"][arm] - bench) < 0.001, (arm, expected["acceptance"][arm], bench)
+        bench = sum(r["spec_decode_accepted_tokens"] for r in measured) / sum(
+            r["spec_decode_draft_tokens"] for r in measured
+        )
+        assert abs(expected["acceptance"][arm] - bench) < 0.001, (
+            arm,
+            expected["acceptance"][arm],
+            bench,
+        )
     assert expected["acceptance"]["a"] == 1.0 and expected["acceptance"]["b"] < 1e-4
 
 
@@ -159,12 +213,23 @@ def test_the_counter_the_output_rate_query_reads_counts_each_benchmark_runs_outp
     # Between the scrapes after two runs of one server, vllm:generation_tokens_total grows by the output tokens
     # vLLM's benchmark client counted in the later run: the output-rate query measures the benchmark's load.
     record = json.loads((EVIDENCE / "serve-h200.json").read_text())
-    runs = {(ses["source"], run["arm"], f"{run['phase']}-{run['rep']}"): run["result"]["total_output_tokens"]
-            for ses in record["sessions"] for run in ses["summary"].get("bench_runs", [])}
+    runs = {
+        (ses["source"], run["arm"], f"{run['phase']}-{run['rep']}"): run["result"][
+            "total_output_tokens"
+        ]
+        for ses in record["sessions"]
+        for run in ses["summary"].get("bench_runs", [])
+    }
     compared = []
     for path in sorted(METRICS.glob("*.prom.xz")):
         for (_, then, before), (_, now, after) in itertools.pairwise(scraped(path)):
-            if "after" in before and "after" in after:  # (before a call's first run: the probe's requests too)
-                compared.append((now[GENERATED] - then[GENERATED],
-                                 runs[(path.name.split("-")[0], after["arm"], after["after"])]))
+            if (
+                "after" in before and "after" in after
+            ):  # (before a call's first run: the probe's requests too)
+                compared.append(
+                    (
+                        now[GENERATED] - then[GENERATED],
+                        runs[(path.name.split("-")[0], after["arm"], after["after"])],
+                    )
+                )
     assert len(compared) >= 80 and all(grew == output for grew, output in compared), compared

@@ -58,6 +58,7 @@ def image(root: Path, body: str) -> Path:
 
 # Start-up, in fresh interpreters.
 
+
 def test_doctor_names_the_image_sitecustomize_behind_a_second_copy_of_the_shim(tmp_path):
     # Two copies on PYTHONPATH: ours chains the second, which chains the image's; what that copy
     # chained is what start-up ran, and doctor names it.
@@ -71,13 +72,18 @@ def test_doctor_names_the_image_sitecustomize_behind_a_second_copy_of_the_shim(t
     assert found["sitecustomize"]["chained"] == {"file": str(theirs / "sitecustomize.py")}
     # The text is the report rendered (cli.py prints doctor.render(report)); printed, in the test below.
     (line,) = [line for line in render(found).splitlines() if line.startswith("sitecustomize ")]
-    assert line == f"sitecustomize ours ({first / 'sitecustomize.py'}), chained {theirs / 'sitecustomize.py'}"
+    assert (
+        line
+        == f"sitecustomize ours ({first / 'sitecustomize.py'}), chained {theirs / 'sitecustomize.py'}"
+    )
 
 
 def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomize():
     # The checkout root holds sitecustomize.py (a link to ours); `-m` puts the working directory on sys.path
     # after start-up, when nothing chains any more. (`-m` runs the product's patch set: nothing here reads it.)
-    proc = child(args=("-m", "dspark_hotfix", "doctor", "--json"), path=(STARTUP, STANDIN), cwd=REPO)
+    proc = child(
+        args=("-m", "dspark_hotfix", "doctor", "--json"), path=(STARTUP, STANDIN), cwd=REPO
+    )
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not any("working directory" in w for w in report["warnings"]), report["warnings"]
@@ -87,15 +93,21 @@ def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomiz
 
 
 def test_doctor_reports_an_image_sitecustomize_that_fails_at_every_start(tmp_path):
-    broken = image(tmp_path / "image", program(partial(fail, "RuntimeError", "image customisation broke")))
+    broken = image(
+        tmp_path / "image", program(partial(fail, "RuntimeError", "image customisation broke"))
+    )
     proc = doctor(tmp_path, (STARTUP, broken, STANDIN), "--json")
     found = json.loads(proc.stdout)
     site = found["sitecustomize"]
     assert "Error in sitecustomize" in proc.stderr  # said at start-up, as site says it
-    assert site["ours"] and site["chained"] == {"error": "RuntimeError: image customisation broke"}, site
+    assert site["ours"] and site["chained"] == {
+        "error": "RuntimeError: image customisation broke"
+    }, site
     text = render(found)
-    assert f"sitecustomize ours ({STARTUP / 'sitecustomize.py'}), chained one that failed: RuntimeError: image " \
-           "customisation broke\n" in text, text
+    assert (
+        f"sitecustomize ours ({STARTUP / 'sitecustomize.py'}), chained one that failed: RuntimeError: image "
+        "customisation broke\n" in text
+    ), text
 
 
 def test_doctor_prints_values_and_paths_that_are_not_utf_8_and_exits_as_its_json_says(tmp_path):
@@ -105,7 +117,10 @@ def test_doctor_prints_values_and_paths_that_are_not_utf_8_and_exits_as_its_json
     text = doctor(tmp_path, (link, STANDIN), **env)
     report = json.loads(doctor(tmp_path, (link, STANDIN), "--json", **env).stdout)
     assert "Traceback" not in text.stderr, text.stderr[-500:]
-    assert "VLLM_PLUGINS='other,\\udcff'" in text.stdout and "startup-\\udcff/sitecustomize.py" in text.stdout
+    assert (
+        "VLLM_PLUGINS='other,\\udcff'" in text.stdout
+        and "startup-\\udcff/sitecustomize.py" in text.stdout
+    )
     assert text.returncode == report["exit_code"] == 0, report["problems"]
 
 
@@ -115,13 +130,18 @@ def test_status_leaves_no_series_of_its_own_in_a_servers_multiprocess_directory(
     # vLLM imports prometheus_client, as the stand-in does not.
     imports = ("__version__ =", "import prometheus_client\n__version__ =")
     standin = edited_standin(tmp_path / "standin", {"vllm/__init__.py": [imports]})
-    proc = run_python(cli("status"), path=(STARTUP, standin, REPO),
-                      env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)}, check=False)
+    proc = run_python(
+        cli("status"),
+        path=(STARTUP, standin, REPO),
+        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert list(metrics.iterdir()) == []
 
 
 # The installed wheel: its own start-up directory, its plugin entry point.
+
 
 @pytest.fixture
 def toys_only(tmp_path) -> Path:
@@ -133,29 +153,39 @@ def toys_only(tmp_path) -> Path:
 
 
 def test_doctor_json_against_the_standin_says_needed_and_active(venv, toys_only):
-    proc = run_in_venv(venv, cli("doctor", "--json"),
-                       path=(startup_dir(venv), STANDIN, toys_only))
+    proc = run_in_venv(venv, cli("doctor", "--json"), path=(startup_dir(venv), STANDIN, toys_only))
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (report["schema"], report["verdict"], report["exit_code"]) == (2, "fixing", 0)
     assert report["sitecustomize"]["ours"] and report["plugin"]["visible"]
     assert report["sitecustomize"]["file"].startswith(str(venv["root"]))
     assert report["sitecustomize"]["chained"]["file"].startswith(str(venv["purelib"]))
-    assert {p["name"]: p["needed"] for p in report["patches"]} == {GREETING.name: True, FAREWELL.name: False,
-                                                                   PLANNER.name: True}
+    assert {p["name"]: p["needed"] for p in report["patches"]} == {
+        GREETING.name: True,
+        FAREWELL.name: False,
+        PLANNER.name: True,
+    }
     greeting = next(p for p in report["patches"] if p["name"] == GREETING.name)
     assert greeting["detail"] == "the toy build greets 'helo, probe'"  # the probe's words
 
 
 # The verdicts and the output's bounds, in this process.
 
-def test_doctor_output_stays_short_with_hundreds_of_entries_in_every_variable(toys, monkeypatch, capsys):
+
+def test_doctor_output_stays_short_with_hundreds_of_entries_in_every_variable(
+    toys, monkeypatch, capsys
+):
     as_if_started(monkeypatch)
     monkeypatch.setenv("VLLM_PLUGINS", ",".join(" " * i + "dspark_hotfix" for i in range(1, 301)))
     monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", ",".join(f"no_such_patch_{i}" for i in range(2000)))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, (STARTUP, STANDIN, *(f"relative/{i}"
-                                                                                    for i in range(300))))))
-    (text_code, text), (json_code, js) = command(capsys, "doctor"), command(capsys, "doctor", "--json")
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join(map(str, (STARTUP, STANDIN, *(f"relative/{i}" for i in range(300))))),
+    )
+    (text_code, text), (json_code, js) = (
+        command(capsys, "doctor"),
+        command(capsys, "doctor", "--json"),
+    )
     assert text_code == json_code == 1  # the spaced entries keep vLLM from loading the plugin
     assert len(text) < 6000 and len(js) < 8000, (len(text), len(js))
     report = json.loads(js)
@@ -164,13 +194,25 @@ def test_doctor_output_stays_short_with_hundreds_of_entries_in_every_variable(to
     assert "'  dspark_hotfix', '   dspark_hotfix', ... (297 more) with the spaces" in spaced
     (relative,) = [w for w in report["warnings"] if "working directory" in w]
     assert relative.endswith("'relative/0', 'relative/1', 'relative/2', ... (297 more)")
-    assert report["plugin"]["vllm_plugins"].endswith(f"... ({len(os.environ['VLLM_PLUGINS'])} characters)")
+    assert report["plugin"]["vllm_plugins"].endswith(
+        f"... ({len(os.environ['VLLM_PLUGINS'])} characters)"
+    )
 
 
-@pytest.mark.parametrize("version, supported", [
-    ("1.17.3", True), ("1.17.0", True), ("2.0.0", True), ("2.5.2", True), ("2.10.1rc1", True),
-    ("1.16.0", False), ("1.10.11", False), ("3.0.0", False), ("nightly", False),
-])
+@pytest.mark.parametrize(
+    "version, supported",
+    [
+        ("1.17.3", True),
+        ("1.17.0", True),
+        ("2.0.0", True),
+        ("2.5.2", True),
+        ("2.10.1rc1", True),
+        ("1.16.0", False),
+        ("1.10.11", False),
+        ("3.0.0", False),
+        ("nightly", False),
+    ],
+)
 def test_wrapt_releases_outside_the_tested_ones_are_named(version, supported):
     from dspark_hotfix.doctor import wrapt_supported
 
@@ -189,7 +231,8 @@ def test_doctor_names_a_wrapt_outside_the_tested_releases(toys, monkeypatch, cap
     code, out = report(capsys, "doctor")
     assert code == 1 and out["versions"]["wrapt"] == version
     assert out["problems"] == [
-        f"wrapt {version} is not one the shim is tested with (1.17 to 2.x): install e.g. wrapt==1.17.3"]
+        f"wrapt {version} is not one the shim is tested with (1.17 to 2.x): install e.g. wrapt==1.17.3"
+    ]
 
 
 def test_doctor_fails_when_the_fix_is_needed_but_switched_off(toys, monkeypatch, capsys):
@@ -197,12 +240,17 @@ def test_doctor_fails_when_the_fix_is_needed_but_switched_off(toys, monkeypatch,
     monkeypatch.setenv("DSPARK_HOTFIX", "0")
     code, out = command(capsys, "doctor")
     assert code == 1
-    assert f"PROBLEM       {GREETING.name}, {PLANNER.name} needed but DSPARK_HOTFIX='0' turns the shim off" in out
+    assert (
+        f"PROBLEM       {GREETING.name}, {PLANNER.name} needed but DSPARK_HOTFIX='0' turns the shim off"
+        in out
+    )
 
 
 @pytest.mark.parametrize("vllm", ["imports", "does not import"])
 @pytest.mark.parametrize("name", ["doctor", "status"])
-def test_with_the_shim_off_nothing_activated_it_whether_or_not_vllm_imports(toys, monkeypatch, capsys, vllm, name):
+def test_with_the_shim_off_nothing_activated_it_whether_or_not_vllm_imports(
+    toys, monkeypatch, capsys, vllm, name
+):
     # Each command judges the patches in its own process, with the shim off too: that is no activation.
     as_if_started(monkeypatch)
     monkeypatch.setenv("DSPARK_HOTFIX", "0")
@@ -211,7 +259,9 @@ def test_with_the_shim_off_nothing_activated_it_whether_or_not_vllm_imports(toys
     _, out = report(capsys, name)
     assert out["activated_by"] is None and out["enabled"] is False
     _, text = command(capsys, name)
-    assert text.splitlines()[0].startswith("activated by  nothing: DSPARK_HOTFIX turns the shim off (pid "), text
+    assert text.splitlines()[0].startswith(
+        "activated by  nothing: DSPARK_HOTFIX turns the shim off (pid "
+    ), text
 
 
 def test_doctor_fails_without_any_activation_path(toys, monkeypatch, capsys):
@@ -233,13 +283,16 @@ def test_doctor_fails_without_vllm(toys, monkeypatch, capsys):
 
 def test_doctor_warns_about_the_working_directory_on_the_path(toys, monkeypatch, capsys):
     as_if_started(monkeypatch)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STARTUP), str(STANDIN), "", "relative/dir", str(REPO)]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(STARTUP), str(STANDIN), "", "relative/dir", str(REPO)])
+    )
     code, out = report(capsys, "doctor")
     assert code == 0  # warnings do not change the verdict
     assert [w for w in out["warnings"] if w.startswith("PYTHONPATH ")] == [
         "PYTHONPATH has entries that depend on the working directory (an empty one is the working directory itself; "
         "`dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds none when extending it): "
-        "'', 'relative/dir'"]
+        "'', 'relative/dir'"
+    ]
 
 
 def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, tmp_path):
@@ -250,8 +303,10 @@ def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, t
     guards = [line for line in out.splitlines() if line.startswith("guards ")]
     assert code == 0 and "verdict       guarding" in out, out
     # What the stop stops: the first paragraph of its step's docstring.
-    assert guards == [f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim where no "
-                      "deployment uses that"]
+    assert guards == [
+        f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim where no "
+        "deployment uses that"
+    ]
 
 
 def test_the_command_line_and_doctor_stay_within_250_code_lines():
@@ -259,4 +314,10 @@ def test_the_command_line_and_doctor_stay_within_250_code_lines():
     loader = SourceFileLoader("loc", str(REPO / "scripts" / "loc"))  # a script without .py
     loc = importlib.util.module_from_spec(importlib.util.spec_from_loader("loc", loader))  # type: ignore[arg-type]
     loader.exec_module(loc)
-    assert sum(loc.code_lines((REPO / "dspark_hotfix" / name).read_text()) for name in ("cli.py", "doctor.py")) <= 250
+    assert (
+        sum(
+            loc.code_lines((REPO / "dspark_hotfix" / name).read_text())
+            for name in ("cli.py", "doctor.py")
+        )
+        <= 250
+    )

@@ -42,22 +42,32 @@ def _raising(answer, /, self, name):
 
 def test_a_later_decision_gives_a_new_whole_line(toys, monkeypatch):
     # The greeting's correction raises once vLLM calls it: the process's state changes, and says so.
-    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(GREETING, correction=_raising),
-                                                        FAREWELL, PLANNER))
+    monkeypatch.setattr(
+        dspark_hotfix.patches,
+        "ALL",
+        (dataclasses.replace(GREETING, correction=_raising), FAREWELL, PLANNER),
+    )
     activate()
     from vllm.toy_model import Greeter
 
     Greeter().greet("you")
     Greeter().greet("again")  # said once: nothing new
     assert [state_of(line) for line in toys.summaries()] == [
-        FIXING, f"problem: 1 patched ({PLANNER.name}), 1 raised ({GREETING.name}), 1 not_needed"]
+        FIXING,
+        f"problem: 1 patched ({PLANNER.name}), 1 raised ({GREETING.name}), 1 not_needed",
+    ]
 
 
 def levels(text: str) -> list[tuple[str, str]]:
     """Each state line's level and verdict, in order."""
-    found = [(line.split(" ", 1)[0], line.split("[dspark_hotfix] ", 1)[1]) for line in text.splitlines()
-             if "[dspark_hotfix] " in line]
-    return [(level, state_of(rest).split(":")[0]) for level, rest in found if STATE_LINE.match(rest)]
+    found = [
+        (line.split(" ", 1)[0], line.split("[dspark_hotfix] ", 1)[1])
+        for line in text.splitlines()
+        if "[dspark_hotfix] " in line
+    ]
+    return [
+        (level, state_of(rest).split(":")[0]) for level, rest in found if STATE_LINE.match(rest)
+    ]
 
 
 def test_a_line_whose_verdict_exits_1_is_a_warning_and_the_others_are_info(toys, monkeypatch):
@@ -69,7 +79,9 @@ def test_a_line_whose_verdict_exits_1_is_a_warning_and_the_others_are_info(toys,
 
 
 def test_an_undecided_line_is_a_warning(toys, monkeypatch):
-    inconclusive = dataclasses.replace(GREETING, probe=lambda vllm_greet: Need(None, "probe inconclusive (toy)"))
+    inconclusive = dataclasses.replace(
+        GREETING, probe=lambda vllm_greet: Need(None, "probe inconclusive (toy)")
+    )
     monkeypatch.setattr(dspark_hotfix.patches, "ALL", (inconclusive, FAREWELL, PLANNER))
     activate()
     assert levels(toys.log.getvalue()) == [("WARNING", "undecided")]
@@ -80,34 +92,46 @@ def test_fixing_and_removable_lines_are_info(toys, monkeypatch, tmp_path, edits)
     if edits == "fixed":
         build(tmp_path, monkeypatch, fixed())
     activate()
-    assert levels(toys.log.getvalue()) == [("INFO", "fixing" if edits == "as shipped" else "removable")]
+    assert levels(toys.log.getvalue()) == [
+        ("INFO", "fixing" if edits == "as shipped" else "removable")
+    ]
 
 
 def decorate(stream, prefix: str) -> None:
     """What vLLM's ``decorate_logs`` does to a process's stdout and stderr (``vllm.utils.system_utils``,
     0.25.0): ``write`` replaced on the stream, so that every line written from then on starts with ``prefix``."""
     write = stream.write
-    stream.write = lambda text: write("".join(prefix + line for line in text.splitlines(keepends=True)))
+    stream.write = lambda text: write(
+        "".join(prefix + line for line in text.splitlines(keepends=True))
+    )
 
 
 def test_the_line_is_said_again_under_vllms_prefix_once_vllm_puts_it_on_stderr(toys, monkeypatch):
     # An engine core under the launcher: the targets are imported, and the line said, while its process
     # starts; vLLM then prefixes its stderr, and loads its plugins: the plugin's call says the line again.
-    monkeypatch.setattr(sys, "stderr", toys.log)  # the process's stderr, where the shim's handler writes
+    monkeypatch.setattr(
+        sys, "stderr", toys.log
+    )  # the process's stderr, where the shim's handler writes
     activate()
     decorate(toys.log, "(EngineCore pid=7) ")
     dspark_hotfix.install("vllm-plugin")
     dspark_hotfix.install("vllm-plugin")  # nothing changed since: nothing said
     first, again = toys.log.getvalue().splitlines()
     assert first.startswith("INFO ") and again.startswith("(EngineCore pid=7) INFO ")
-    assert again.endswith(f"via sitecustomize: {FIXING}") and first.endswith(f"via sitecustomize: {FIXING}")
+    assert again.endswith(f"via sitecustomize: {FIXING}") and first.endswith(
+        f"via sitecustomize: {FIXING}"
+    )
 
 
 @pytest.fixture
 def logging_restored():
     """dictConfig disables every logger of this process: each gets its own flag back afterwards."""
     manager = logging.Logger.manager
-    flags = {name: logger.disabled for name, logger in manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    flags = {
+        name: logger.disabled
+        for name, logger in manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
     try:
         yield
     finally:
@@ -115,7 +139,9 @@ def logging_restored():
             manager.loggerDict[name].disabled = disabled  # type: ignore[union-attr]
 
 
-def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line(toys, logging_restored):
+def test_a_logging_config_applied_after_activation_does_not_silence_the_summary_line(
+    toys, logging_restored
+):
     # vLLM applies VLLM_LOGGING_CONFIG_PATH with dictConfig while `import vllm` runs, after the
     # shim activated; dictConfig's default disable_existing_loggers=True would disable its logger.
     dspark_hotfix.install("sitecustomize")
@@ -149,7 +175,9 @@ def test_every_process_kind_gives_the_same_verdict(toys, monkeypatch, tmp_path, 
     if build_ == "fixed":
         build(tmp_path, monkeypatch, fixed())
     activate(modules=KINDS[kind])
-    assert [state_of(line) for line in toys.summaries()][-1:] == [REMOVABLE if build_ == "fixed" else FIXING]
+    assert [state_of(line) for line in toys.summaries()][-1:] == [
+        REMOVABLE if build_ == "fixed" else FIXING
+    ]
 
 
 def test_the_shims_lines_never_reach_the_root_logger():

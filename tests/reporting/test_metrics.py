@@ -40,7 +40,10 @@ from tests.reporting.inprocess import AS_SHIPPED, activate, build
 from tests.reporting.promql import documented_queries, promtool
 from tests.toys import FAREWELL, GREETING, NAMES, PLANNER, fixed, module_file
 
-TARGETS = [GREETING.module, PLANNER.module]  # every toy target module, as an engine core imports vLLM's
+TARGETS = [
+    GREETING.module,
+    PLANNER.module,
+]  # every toy target module, as an engine core imports vLLM's
 
 
 def samples(registry=None) -> list:
@@ -54,19 +57,33 @@ def exposed(text: str) -> list:
     """The dspark_hotfix samples of a scrape's text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return [[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith("dspark_hotfix_")]
+    return [
+        [s.name, s.labels, s.value]
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("dspark_hotfix_")
+    ]
 
 
 class Scrape:
     """One scrape's dspark_hotfix samples, by metric, keyed by their labels (``pid`` kept apart)."""
 
     def __init__(self, samples: list) -> None:
-        self.info = {(s["activated_by"], s["version"], s.get("pid")): v for n, s, v in samples
-                     if n == "dspark_hotfix_info"}
-        self.state = {(s["patch"], s["state"], s.get("pid")): v for n, s, v in samples
-                      if n == "dspark_hotfix_patch_state"}
-        self.needed = {(s["patch"], s.get("pid")): v for n, s, v in samples if n == "dspark_hotfix_patch_needed"}
+        self.info = {
+            (s["activated_by"], s["version"], s.get("pid")): v
+            for n, s, v in samples
+            if n == "dspark_hotfix_info"
+        }
+        self.state = {
+            (s["patch"], s["state"], s.get("pid")): v
+            for n, s, v in samples
+            if n == "dspark_hotfix_patch_state"
+        }
+        self.needed = {
+            (s["patch"], s.get("pid")): v
+            for n, s, v in samples
+            if n == "dspark_hotfix_patch_needed"
+        }
 
     def current(self, pid: str | None = None) -> dict[str, str]:
         """Each patch's state whose series is 1."""
@@ -79,6 +96,7 @@ def scrape() -> Scrape:
 
 # The default registry, in this process.
 
+
 def test_each_patch_shows_its_state_and_follows_later_decisions(toys):
     dspark_hotfix.install("sitecustomize")
     import prometheus_client  # noqa: F401  (vLLM imports it)
@@ -90,8 +108,14 @@ def test_each_patch_shows_its_state_and_follows_later_decisions(toys):
     assert before.current() == dict.fromkeys(NAMES, "pending")
     assert before.needed == {}  # not decided yet: no verdict to show
     assert after.current() == AS_SHIPPED
-    assert {patch: v for (patch, state, _), v in after.state.items() if state == "pending"} == dict.fromkeys(NAMES, 0)
-    assert after.needed == {(GREETING.name, None): 1, (FAREWELL.name, None): 0, (PLANNER.name, None): 1}
+    assert {
+        patch: v for (patch, state, _), v in after.state.items() if state == "pending"
+    } == dict.fromkeys(NAMES, 0)
+    assert after.needed == {
+        (GREETING.name, None): 1,
+        (FAREWELL.name, None): 0,
+        (PLANNER.name, None): 1,
+    }
 
 
 def test_prometheus_client_imported_before_vllm_shows_the_states_at_activation(toys):
@@ -109,7 +133,9 @@ def test_an_excluded_patch_shows_excluded_and_needed(toys, monkeypatch):
     activate()
     excluded = scrape()
     assert excluded.current()[GREETING.name] == "excluded"
-    assert excluded.needed[(GREETING.name, None)] == 1  # what an alert on needed-but-not-installed reads
+    assert (
+        excluded.needed[(GREETING.name, None)] == 1
+    )  # what an alert on needed-but-not-installed reads
 
 
 def test_on_a_fixed_vllm_every_patch_shows_not_needed(toys, monkeypatch, tmp_path):
@@ -133,7 +159,9 @@ def test_nothing_is_shown_where_the_shim_is_off(toys, monkeypatch):
     assert before == samples() == []
 
 
-def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_runs_patched(toys, monkeypatch):
+def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_runs_patched(
+    toys, monkeypatch
+):
     # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone, or after
     # a reload of the metrics module: a duplicate series). Each later decision and scrape publishes again:
     # none may register one more collector (they would double at every scrape), nor say it again.
@@ -155,13 +183,17 @@ def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_run
     assert registered == []
     assert toys.states() == AS_SHIPPED
     assert toys.lines("WARNING") == [
-        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"]
+        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"
+    ]
 
 
 # What prometheus_client decides as it is imported, in fresh processes (tests.conftest.in_fresh_process).
 
+
 def test_the_shim_never_imports_prometheus_client():
-    proc = in_fresh_process(program(use_toys, partial(import_modules, ["vllm", *TARGETS]), state_and_prometheus))
+    proc = in_fresh_process(
+        program(use_toys, partial(import_modules, ["vllm", *TARGETS]), state_and_prometheus)
+    )
     assert proc.returncode == 0 and last_json(proc.stdout) == ["patched", False], proc.stderr
 
 
@@ -179,15 +211,27 @@ def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
     # the engine core (here: every target imported) writes its files, an API server collects them all.
     directory = str(tmp_path / "prometheus")
     os.mkdir(directory)
-    engine = run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), pid),
-                        env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    engine = run_python(
+        program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), pid),
+        env={"PROMETHEUS_MULTIPROC_DIR": directory},
+    )
     engine_pid = last_json(engine.stdout)
-    api = run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client"]), pid,
-                             partial(scrapes_around_a_death, engine_pid)), env={"PROMETHEUS_MULTIPROC_DIR": directory})
+    api = run_python(
+        program(
+            use_toys,
+            partial(import_modules, ["vllm", "prometheus_client"]),
+            pid,
+            partial(scrapes_around_a_death, engine_pid),
+        ),
+        env={"PROMETHEUS_MULTIPROC_DIR": directory},
+    )
     api_pid, (both, after) = json_lines(api.stdout)
     engine_pid, api_pid = str(engine_pid), str(api_pid)
     both, after = Scrape(exposed(both)), Scrape(exposed(after))
-    assert both.info == {("sitecustomize", __version__, engine_pid): 1, ("sitecustomize", __version__, api_pid): 1}
+    assert both.info == {
+        ("sitecustomize", __version__, engine_pid): 1,
+        ("sitecustomize", __version__, api_pid): 1,
+    }
     assert both.current(engine_pid) == AS_SHIPPED
     assert both.current(api_pid) == dict.fromkeys(NAMES, "pending")
     assert {pid for (_, pid) in both.needed} == {engine_pid}
@@ -228,16 +272,22 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what eight pods' processes export:
     the pod without the shim pages, the B arm of an A/B, off as asked, does not; the pod whose only patch in
     place is the stop guards, and the pod where the stop is in place beside corrections does not."""
+
     def pod(name: str, *processes: tuple[list[str], dict[str, str], tuple]) -> str:
         directory = tmp_path / name
         directory.mkdir()
         for modules, env, path in processes:
-            run_python(program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *modules])),
-                       path=(REPO, *path), env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env})
+            run_python(
+                program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *modules])),
+                path=(REPO, *path),
+                env={"PROMETHEUS_MULTIPROC_DIR": str(directory), **env},
+            )
         return str(directory)
 
     fixed_copy = edited_standin(tmp_path / "fixed-standin", fixed())
-    guarding_copy = edited_standin(tmp_path / "guarding-standin", fixed((GREETING, FAREWELL)))  # the stop's bug only
+    guarding_copy = edited_standin(
+        tmp_path / "guarding-standin", fixed((GREETING, FAREWELL))
+    )  # the stop's bug only
     # fixed, and a signature the shim does not know: failed
     signature = ("def greet(self, name)", "def greet(self, name, title='')")
     edits = fixed()
@@ -248,18 +298,27 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
     off = {"DSPARK_HOTFIX": "0"}
     directories = {
         "patched": pod("patched", engine, api),
-        "excluded": pod("excluded", (TARGETS, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))),
+        "excluded": pod(
+            "excluded", (TARGETS, {"DSPARK_HOTFIX_PATCHES": f"-{GREETING.name}"}, (STANDIN,))
+        ),
         "fixed": pod("fixed", (TARGETS, {}, (fixed_copy,)), ([], {}, (fixed_copy,))),
         "guarding": pod("guarding", (TARGETS, {}, (guarding_copy,)), ([], {}, (guarding_copy,))),
         # an API server's process alone: the planner judged, the model's patches never
         "fixed-api-server": pod("fixed-api-server", ([PLANNER.module], {}, (fixed_copy,))),
         "fixed-failed": pod("fixed-failed", (TARGETS, {}, (broken,))),
         "off": pod("off", (TARGETS, off, (STANDIN,))),
-        "b-arm": pod("b-arm", (TARGETS, off, (STANDIN,))),  # the B arm of an A/B: its pod labelled arm="b"
+        "b-arm": pod(
+            "b-arm", (TARGETS, off, (STANDIN,))
+        ),  # the B arm of an A/B: its pod labelled arm="b"
     }
-    arms = {"patched": {"arm": "a"}, "b-arm": {"arm": "b"}}  # the pod label, kept on the series by the scrape
+    arms = {
+        "patched": {"arm": "a"},
+        "b-arm": {"arm": "b"},
+    }  # the pod label, kept on the series by the scrape
     # One collector per pod, all read by one interpreter without the shim.
-    scrapes = last_json(run_python(program(partial(collected, list(directories.values()))), path=()).stdout)
+    scrapes = last_json(
+        run_python(program(partial(collected, list(directories.values()))), path=()).stdout
+    )
     pods = {name: exposed(text) for name, text in zip(directories, scrapes, strict=True)}
     assert pods["off"] == pods["b-arm"] == []
     (excluded_pid,) = {labels["pid"] for _, labels, _ in pods["excluded"]}
@@ -269,35 +328,86 @@ def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
     where = {"namespace": "serving"}
-    inputs = [{"series": series(name, {**labels, **where, "pod": p, **arms.get(p, {})}), "values": f"{value:g}x10"}
-              for p, samples in pods.items() for name, labels, value in samples]
-    inputs += [{"series": series("vllm:num_requests_running", {**where, "pod": p, **arms.get(p, {})}),
-                "values": "0x10"} for p in pods]
+    inputs = [
+        {
+            "series": series(name, {**labels, **where, "pod": p, **arms.get(p, {})}),
+            "values": f"{value:g}x10",
+        }
+        for p, samples in pods.items()
+        for name, labels, value in samples
+    ]
+    inputs += [
+        {
+            "series": series("vllm:num_requests_running", {**where, "pod": p, **arms.get(p, {})}),
+            "values": "0x10",
+        }
+        for p in pods
+    ]
     needed_not_installed, could_drop, guarding, without_shim = documented_queries("On /metrics")
-    excluded = {**where, "pod": "excluded", "patch": GREETING.name, "stop": "false", "pid": excluded_pid}
-    failed = {**where, "pod": "fixed-failed", "patch": GREETING.name, "stop": "false", "pid": failed_pid}
+    excluded = {
+        **where,
+        "pod": "excluded",
+        "patch": GREETING.name,
+        "stop": "false",
+        "pid": excluded_pid,
+    }
+    failed = {
+        **where,
+        "pod": "fixed-failed",
+        "patch": GREETING.name,
+        "stop": "false",
+        "pid": failed_pid,
+    }
     expected = [
-        (needed_not_installed, [(series("dspark_hotfix_patch_needed", excluded), 1),
-                                (series("dspark_hotfix_patch_needed", failed), -1)]),
+        (
+            needed_not_installed,
+            [
+                (series("dspark_hotfix_patch_needed", excluded), 1),
+                (series("dspark_hotfix_patch_needed", failed), -1),
+            ],
+        ),
         (could_drop, [(series("", {**where, "pod": "fixed"}), 0)]),
         (guarding, [(series("", {**where, "pod": "guarding"}), 1)]),
         (without_shim, [(series("", {**where, "pod": "off"}), 1)]),
     ]
-    tests = {"evaluation_interval": "1m", "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": [
-        {"expr": expr, "eval_time": "5m", "exp_samples": [{"labels": labels, "value": v} for labels, v in found]}
-        for expr, found in expected]}]}
+    tests = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": labels, "value": v} for labels, v in found],
+                    }
+                    for expr, found in expected
+                ],
+            }
+        ],
+    }
     (tmp_path / "tests.yml").write_text(json.dumps(tests))  # JSON is YAML
-    proc = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "tests.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)])
-def test_without_promtool_or_apt_get_the_alert_test_skips_with_the_reason_and_fails_in_ci(monkeypatch, tmp_path, ci,
-                                                                                         outcome):
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)]
+)
+def test_without_promtool_or_apt_get_the_alert_test_skips_with_the_reason_and_fails_in_ci(
+    monkeypatch, tmp_path, ci, outcome
+):
     monkeypatch.setenv("DSPARK_HOTFIX_CACHE", str(tmp_path))
     monkeypatch.setenv("CI", ci)
-    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None)  # a host that is not Debian
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *args, **kw: None
+    )  # a host that is not Debian
     with pytest.raises(outcome, match="promtool is not on PATH, and this host has no apt-get"):
         promtool()
     assert list(tmp_path.iterdir()) == []
@@ -329,17 +439,27 @@ def forked_while_publishing() -> None:
         import vllm.toy_model  # noqa: F401  (decisions in the child: they publish)
 
         text = prometheus_client.generate_latest().decode()
-        print(json.dumps([line for line in text.splitlines() if line.startswith("dspark_hotfix_info{")]), flush=True)
+        print(
+            json.dumps(
+                [line for line in text.splitlines() if line.startswith("dspark_hotfix_info{")]
+            ),
+            flush=True,
+        )
         os._exit(0)
     done.set()
     os.waitpid(pid, 0)
 
 
 def test_a_child_forked_while_the_parent_publishes_decides_and_shows_the_shim_active():
-    proc = child(program(use_toys, partial(import_modules, ["vllm"]), forked_while_publishing), path=(REPO, STANDIN))
+    proc = child(
+        program(use_toys, partial(import_modules, ["vllm"]), forked_while_publishing),
+        path=(REPO, STANDIN),
+    )
     assert proc.returncode == 0, proc.stderr
     (info,) = json_lines(proc.stdout)
-    assert info == [f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], info
+    assert info == [
+        f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'
+    ], info
 
 
 def fork_deciding() -> int:
@@ -363,7 +483,11 @@ def multiprocess_info() -> list[str]:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    return [line for line in generate_latest(registry).decode().splitlines() if line.startswith("dspark_hotfix_info")]
+    return [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("dspark_hotfix_info")
+    ]
 
 
 def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_path):
@@ -371,8 +495,11 @@ def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_
     code = program(use_toys, partial(import_modules, ["vllm", "prometheus_client"]), fork_deciding)
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     child_pid = last_json(proc.stdout)
-    info = last_json(run_python(program(multiprocess_info), path=(), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
-                     .stdout)
+    info = last_json(
+        run_python(
+            program(multiprocess_info), path=(), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+        ).stdout
+    )
     assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info
 
 
@@ -388,25 +515,44 @@ def replaced_then_reported() -> list:
 
     where = [os.environ["PROMETHEUS_MULTIPROC_DIR"]]
     judged = collected(where)[0]
-    vllm.toy_model.Greeter.greet = vllm.toy_model.Greeter.greet.__wrapped__  # another tool's own method
+    vllm.toy_model.Greeter.greet = (
+        vllm.toy_model.Greeter.greet.__wrapped__
+    )  # another tool's own method
     replaced = collected(where)[0]
     dspark_hotfix.install("vllm-plugin")
-    return [os.getpid(), dspark_hotfix.status()["patches"][0]["state"], judged, replaced, collected(where)[0]]
+    return [
+        os.getpid(),
+        dspark_hotfix.status()["patches"][0]["state"],
+        judged,
+        replaced,
+        collected(where)[0],
+    ]
 
 
-def test_with_a_multiprocess_directory_a_replaced_function_shows_failed_from_the_processs_next_report(tmp_path):
+def test_with_a_multiprocess_directory_a_replaced_function_shows_failed_from_the_processs_next_report(
+    tmp_path,
+):
     # README: with PROMETHEUS_MULTIPROC_DIR, "a process's series are as fresh as its last decision or activation":
     # status() reads the replacement at once; the files, which the process writes itself, at its next report.
-    code = program(use_toys, partial(import_modules, ["vllm", "prometheus_client", *TARGETS]), replaced_then_reported,
-                   helpers=(collected,))
+    code = program(
+        use_toys,
+        partial(import_modules, ["vllm", "prometheus_client", *TARGETS]),
+        replaced_then_reported,
+        helpers=(collected,),
+    )
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     pid, status, *scrapes = last_json(proc.stdout)
     assert status == "failed", proc.stderr
-    assert [Scrape(exposed(text)).current(str(pid))[GREETING.name] for text in scrapes] == \
-        ["patched", "patched", "failed"], proc.stderr
+    assert [Scrape(exposed(text)).current(str(pid))[GREETING.name] for text in scrapes] == [
+        "patched",
+        "patched",
+        "failed",
+    ], proc.stderr
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as fresh as its " \
-           "last decision or activation" in readme
+    assert (
+        "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as fresh as its "
+        "last decision or activation" in readme
+    )
 
 
 def prometheus_client_half_imported() -> list[str]:
@@ -429,10 +575,15 @@ def prometheus_client_half_imported() -> list[str]:
             assert spec is not None and spec.loader is not None
             run = spec.loader.exec_module
 
-            def exec_module(module: Any) -> None:  # (a loader's exec_module runs without the global import lock)
+            def exec_module(
+                module: Any,
+            ) -> None:  # (a loader's exec_module runs without the global import lock)
                 started.set()
                 for _ in range(100):
-                    if getattr(sys.modules.get("dspark_hotfix.registry"), "_active", None) is not None:
+                    if (
+                        getattr(sys.modules.get("dspark_hotfix.registry"), "_active", None)
+                        is not None
+                    ):
                         break
                     time.sleep(0.05)
                 time.sleep(0.3)
@@ -451,12 +602,17 @@ def prometheus_client_half_imported() -> list[str]:
     importing.join()
     from prometheus_client import generate_latest
 
-    return [line for line in generate_latest().decode().splitlines() if line.startswith("dspark_hotfix_info")]
+    return [
+        line
+        for line in generate_latest().decode().splitlines()
+        if line.startswith("dspark_hotfix_info")
+    ]
 
 
 def test_the_gauges_appear_when_another_thread_was_importing_prometheus_client_at_activation():
     proc = in_fresh_process(program(use_toys, prometheus_client_half_imported))
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout) == [
-        f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'], proc.stderr
+        f'dspark_hotfix_info{{activated_by="sitecustomize",version="{__version__}"}} 1.0'
+    ], proc.stderr
     assert warning_lines(proc.stderr) == []

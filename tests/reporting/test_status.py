@@ -14,8 +14,14 @@ from tests.reporting.inprocess import activate, as_if_started, build, report, st
 from tests.toys import GREETING, PLANNER, fixed, module_file
 
 # A build whose greeting is right for one name: the wrapper's calls then count one the correction leaves alone.
-SOMETIMES_RIGHT = {module_file(GREETING): [('return f"helo, {name}"',
-                                            'return f"hello, {name}" if name == "right" else f"helo, {name}"')]}
+SOMETIMES_RIGHT = {
+    module_file(GREETING): [
+        (
+            'return f"helo, {name}"',
+            'return f"hello, {name}" if name == "right" else f"helo, {name}"',
+        )
+    ]
+}
 
 
 def test_corrections_and_calls_are_counted(toys, monkeypatch, tmp_path):
@@ -31,7 +37,10 @@ def test_corrections_and_calls_are_counted(toys, monkeypatch, tmp_path):
     rows = toys.status()
     # every call of a wrapper is counted, the ones whose answer was right unchanged too
     assert (rows[GREETING.name]["calls"], rows[GREETING.name]["corrections"]) == (3, 2)
-    assert (rows[PLANNER.name]["calls"], rows[PLANNER.name]["corrections"]) == (4, 0)  # a stop corrects nothing
+    assert (rows[PLANNER.name]["calls"], rows[PLANNER.name]["corrections"]) == (
+        4,
+        0,
+    )  # a stop corrects nothing
 
 
 def test_status_before_vllm_is_imported_says_pending(toys):
@@ -44,18 +53,30 @@ def test_status_before_vllm_is_imported_says_pending(toys):
     # Activated, and vLLM not imported yet: still pending, each row saying what it waits for.
     dspark_hotfix.install("sitecustomize")
     assert {(r["state"], r["detail"]) for r in toys.status().values()} == {
-        ("pending", f"waiting for {GREETING.module}"), ("pending", f"waiting for {PLANNER.module}")}
+        ("pending", f"waiting for {GREETING.module}"),
+        ("pending", f"waiting for {PLANNER.module}"),
+    }
 
 
 @pytest.mark.parametrize("name", ["status", "doctor"])
-def test_doctor_and_status_exit_3_where_vllm_needs_nothing(toys, monkeypatch, capsys, tmp_path, name):
+def test_doctor_and_status_exit_3_where_vllm_needs_nothing(
+    toys, monkeypatch, capsys, tmp_path, name
+):
     build(tmp_path, monkeypatch, fixed())
     as_if_started(monkeypatch)
     code, out = report(capsys, name)
     assert code == 3, out
     assert out["verdict"] == "removable" and out["schema"] == 2
     assert {p["state"] for p in out["patches"]} == {"not_needed"}
-    assert set(out["patches"][0]) == {"name", "target", "state", "needed", "calls", "corrections", "detail"}
+    assert set(out["patches"][0]) == {
+        "name",
+        "target",
+        "state",
+        "needed",
+        "calls",
+        "corrections",
+        "detail",
+    }
 
 
 def test_a_tool_whose_wrapper_raises_on_look_up_over_a_patched_target_is_read_as_failed(toys):

@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from tests.activation.children import AS_SHIPPED, JUDGED, UNWRAPPED, USE_LAST
-from tests.child import fail, import_toy_targets, print_status, toy_calls, use_toys, watchers, wrap_depths
+from tests.child import (
+    fail,
+    import_toy_targets,
+    print_status,
+    toy_calls,
+    use_toys,
+    watchers,
+    wrap_depths,
+)
 from tests.conftest import (
     REPO,
     STANDIN,
@@ -38,7 +46,9 @@ from tests.conftest import (
 )
 from tests.toys import NAMES, TOYS, fixed, module_file
 
-STATUS = program(use_toys, import_toy_targets, print_status)  # a child's status() on the toys, their targets imported
+STATUS = program(
+    use_toys, import_toy_targets, print_status
+)  # a child's status() on the toys, their targets imported
 
 LOG_LINE = re.compile(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[dspark_hotfix\] ")
 SWITCHES = ("DSPARK_HOTFIX", "DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT")
@@ -71,14 +81,18 @@ def decoy_cwd(tmp_path):
     return cwd, marks
 
 
-@pytest.mark.parametrize("how", ["python -c, vLLM never imported", "python prog.py", "PYTHONSAFEPATH=1 python -c"])
+@pytest.mark.parametrize(
+    "how", ["python -c, vLLM never imported", "python prog.py", "PYTHONSAFEPATH=1 python -c"]
+)
 def test_nothing_in_the_working_directory_is_read_or_run(decoy_cwd, tmp_path, how):
     # With -c (and -m) the interpreter itself puts the cwd first on sys.path once
     # start-up is over: start-up must not look there, and whatever imports vLLM
     # later resolves like vLLM's own imports do (SECURITY.md).
     cwd, marks = decoy_cwd
     env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(STANDIN)]))
-    if how == "python -c, vLLM never imported":  # the shim watches; the child reads no package of ours
+    if (
+        how == "python -c, vLLM never imported"
+    ):  # the shim watches; the child reads no package of ours
         argv, imports = [sys.executable, "-c", program(watchers)], False
     elif how == "python prog.py":
         prog = tmp_path / "bin" / "prog.py"
@@ -111,7 +125,13 @@ def path_without(entry: str) -> None:
 
 def test_the_shim_adds_nothing_to_sys_path(tmp_path):
     # Without the shim on PYTHONPATH the toys come from the checkout appended last, then taken off again.
-    code = program(path_and_hooks, USE_LAST, partial(path_without, str(REPO)), import_toy_targets, path_and_hooks)
+    code = program(
+        path_and_hooks,
+        USE_LAST,
+        partial(path_without, str(REPO)),
+        import_toy_targets,
+        path_and_hooks,
+    )
 
     def paths(**kwargs):
         return json_lines(run_python(code, cwd=tmp_path, **kwargs).stdout)
@@ -128,7 +148,9 @@ def test_a_silent_process_writes_nothing_to_stdout_and_creates_no_files(tmp_path
         d.mkdir()
     env = {"HOME": str(dirs["home"]), "TMPDIR": str(dirs["tmp"])}
     quiet = run_python(program(), cwd=dirs["cwd"], env=env)
-    busy = run_python(program(use_toys, work_silently, helpers=(toy_calls,)), cwd=dirs["cwd"], env=env)
+    busy = run_python(
+        program(use_toys, work_silently, helpers=(toy_calls,)), cwd=dirs["cwd"], env=env
+    )
     assert quiet.stdout == quiet.stderr == ""
     assert busy.stdout == ""
     lines = busy.stderr.splitlines()
@@ -152,15 +174,51 @@ def audited() -> list[list[Any]]:
 
     events: list[list[Any]] = []
     phase = ["start-up"]
-    watch = ("open", "compile", "socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-             "os.fork", "os.kill", "urllib.", "http.", "ftplib.", "smtplib.", "ctypes.", "os.putenv", "os.unsetenv",
-             "os.chdir", "os.mkdir", "os.remove", "os.rename", "os.rmdir", "os.truncate", "os.chmod", "os.chown",
-             "os.symlink", "os.link", "os.utime", "shutil.", "tempfile.")
+    watch = (
+        "open",
+        "compile",
+        "socket.",
+        "subprocess.",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.kill",
+        "urllib.",
+        "http.",
+        "ftplib.",
+        "smtplib.",
+        "ctypes.",
+        "os.putenv",
+        "os.unsetenv",
+        "os.chdir",
+        "os.mkdir",
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.truncate",
+        "os.chmod",
+        "os.chown",
+        "os.symlink",
+        "os.link",
+        "os.utime",
+        "shutil.",
+        "tempfile.",
+    )
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
         if event.startswith(watch):
-            events.append([phase[0], event, *(a if isinstance(a, (str, int, type(None))) else repr(a)[:300]
-                                              for a in args[:3])])
+            events.append(
+                [
+                    phase[0],
+                    event,
+                    *(
+                        a if isinstance(a, (str, int, type(None))) else repr(a)[:300]
+                        for a in args[:3]
+                    ),
+                ]
+            )
 
     sys.addaudithook(audit)
     import site  # -S held it back: run it now, audited, exactly as interpreter start does
@@ -175,31 +233,47 @@ def audited() -> list[list[Any]]:
     return list(events)  # a copy: the hook goes on seeing what the child does after
 
 
-def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing(decoy_cwd, tmp_path):
+def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing(
+    decoy_cwd, tmp_path
+):
     cwd, marks = decoy_cwd
     home = tmp_path / "home"
     home.mkdir()
     secret = "DSPARK-PAYLOAD-f00d"
     # DSPARK_HOTFIX is left alone: a value not understood turns the shim off (test above).
-    env = {var: f"__import__('os').system('touch {marks / var}') # {secret}" for var in SWITCHES[1:]}
+    env = {
+        var: f"__import__('os').system('touch {marks / var}') # {secret}" for var in SWITCHES[1:]
+    }
     # The toys are the patch set: their own module is the tests', read in a phase of its own.
     code = program(audited, helpers=(work_silently, toy_calls))
     proc = run_python(code, flags=("-S", "-P", "-B"), cwd=cwd, env={**env, "HOME": str(home)})
     events = last_json(proc.stdout)
     assert {e[0] for e in events} == {"start-up", "toys", "vllm"}  # the hook saw every phase
-    assert [e for e in events if e[1] not in ("open", "compile")] == []  # no socket, process, env or fs change
-    ours = (str(REPO / "dspark_hotfix"), str(REPO / "sitecustomize.py"), str(REPO / "__pycache__" / "sitecustomize."))
+    assert [
+        e for e in events if e[1] not in ("open", "compile")
+    ] == []  # no socket, process, env or fs change
+    ours = (
+        str(REPO / "dspark_hotfix"),
+        str(REPO / "sitecustomize.py"),
+        str(REPO / "__pycache__" / "sitecustomize."),
+    )
     allowed = (*ours, str(STANDIN), sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix)
     for phase, _, path, mode, flags in (e for e in events if e[1] == "open"):
         if isinstance(path, str):
-            toys = (str(REPO / "tests" / "__init__.py"), str(REPO / "tests" / "toys.py"),
-                    str(REPO / "tests" / "__pycache__" / "__init__."), str(REPO / "tests" / "__pycache__" / "toys."))
+            toys = (
+                str(REPO / "tests" / "__init__.py"),
+                str(REPO / "tests" / "toys.py"),
+                str(REPO / "tests" / "__pycache__" / "__init__."),
+                str(REPO / "tests" / "__pycache__" / "toys."),
+            )
             assert path.startswith(allowed + (toys if phase == "toys" else ())), path
             assert not path.startswith((str(cwd), str(home))), path
         assert mode is None or not set(str(mode)) & set("wax+"), (path, mode)
         if mode is None and isinstance(flags, int):
             assert not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT), (path, flags)
-    assert not [e for e in events if e[1] == "compile" and secret in str(e[2])]  # no switch value compiled
+    assert not [
+        e for e in events if e[1] == "compile" and secret in str(e[2])
+    ]  # no switch value compiled
     assert list(marks.iterdir()) == []
     assert len(warning_lines(proc.stderr)) == len(SWITCHES) - 1
 
@@ -258,8 +332,15 @@ def shipped_fingerprints(root) -> dict[str, list[str] | None]:
         *owners, name = patch.qualname.split(".")
         owner = namespace[owners[0]] if owners else None
         f = vars(owner).get(name) if owner is not None else namespace.get(name)
-        out[patch.name] = None if f is None else [
-            "function", f.__code__.co_filename, hashlib.sha256(marshal.dumps(f.__code__)).hexdigest()]
+        out[patch.name] = (
+            None
+            if f is None
+            else [
+                "function",
+                f.__code__.co_filename,
+                hashlib.sha256(marshal.dumps(f.__code__)).hexdigest(),
+            ]
+        )
     return out
 
 
@@ -280,7 +361,9 @@ def test_a_vllm_that_is_already_fixed_is_left_untouched(tmp_path):
     assert depth == off_depth == UNWRAPPED  # vLLM's own functions, unwrapped
     assert off.stderr == ""  # off says nothing
     assert prints == off_prints == shipped_fingerprints(build)  # byte for byte the code it ships
-    assert calls == off_calls == {"greet": "hello, ada", "plan": [1, 2], "compact": [1, 2]}  # its own answers
+    assert (
+        calls == off_calls == {"greet": "hello, ada", "plan": [1, 2], "compact": [1, 2]}
+    )  # its own answers
     assert {r["state"] for r in rows.values()} == {"not_needed"}
     assert warning_lines(on.stderr) == []
     (summary,) = summary_lines(on.stderr)
@@ -298,11 +381,40 @@ def test_with_the_shim_off_vllm_is_left_untouched(tmp_path):
 
 
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}
-FORBIDDEN_MODULES = {"socket", "ssl", "subprocess", "urllib", "http", "requests", "asyncio", "ctypes", "pickle",
-                     "marshal", "shutil", "tempfile", "multiprocessing", "ftplib", "smtplib"}
-FORBIDDEN_OS = {"system", "popen", "fork", "forkpty", "kill", "putenv", "unsetenv", "remove", "unlink", "rename",
-                "replace", "mkdir", "makedirs", "chmod", "chdir"} | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v",
-                                                                                        "ve", "vp", "vpe")}
+FORBIDDEN_MODULES = {
+    "socket",
+    "ssl",
+    "subprocess",
+    "urllib",
+    "http",
+    "requests",
+    "asyncio",
+    "ctypes",
+    "pickle",
+    "marshal",
+    "shutil",
+    "tempfile",
+    "multiprocessing",
+    "ftplib",
+    "smtplib",
+}
+FORBIDDEN_OS = {
+    "system",
+    "popen",
+    "fork",
+    "forkpty",
+    "kill",
+    "putenv",
+    "unsetenv",
+    "remove",
+    "unlink",
+    "rename",
+    "replace",
+    "mkdir",
+    "makedirs",
+    "chmod",
+    "chdir",
+} | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
 
 
 def test_the_shim_source_has_no_eval_no_file_or_network_or_process_calls():
@@ -312,16 +424,32 @@ def test_the_shim_source_has_no_eval_no_file_or_network_or_process_calls():
 
     found = []
     # The command line is not the shim: `dspark-hotfix run` starts the command it is given.
-    for path in sorted(set((REPO / "dspark_hotfix").rglob("*.py")) - {REPO / "dspark_hotfix" / "cli.py"}):
+    for path in sorted(
+        set((REPO / "dspark_hotfix").rglob("*.py")) - {REPO / "dspark_hotfix" / "cli.py"}
+    ):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in FORBIDDEN_CALLS
+            ):
                 found.append(f"{where}: {node.func.id}()")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FORBIDDEN_OS \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in FORBIDDEN_OS
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "os"
+            ):
                 found.append(f"{where}: os.{node.func.attr}()")
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{where}: import {n}" for n in names if n.split(".")[0] in FORBIDDEN_MODULES]
     assert found == []
 
@@ -329,5 +457,7 @@ def test_the_shim_source_has_no_eval_no_file_or_network_or_process_calls():
 def test_security_md_names_only_tests_that_exist():
     refs = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", (REPO / "SECURITY.md").read_text())
     assert refs
-    missing = [f"{f}::{t}" for f, t in refs if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)]
+    missing = [
+        f"{f}::{t}" for f, t in refs if not re.search(rf"^def {t}\(", (REPO / f).read_text(), re.M)
+    ]
     assert missing == []

@@ -23,7 +23,11 @@ def settings(**environ: str) -> config.Settings:
 
 
 def test_switches_warn_once_each_with_values_cut_short():
-    s = settings(DSPARK_HOTFIX="x" * 120_000, DSPARK_HOTFIX_STRICT="y" * 5000, DSPARK_HOTFIX_PATCHES="z" * 5000)
+    s = settings(
+        DSPARK_HOTFIX="x" * 120_000,
+        DSPARK_HOTFIX_STRICT="y" * 5000,
+        DSPARK_HOTFIX_PATCHES="z" * 5000,
+    )
     assert len(s.problems) == 2 and all(len(p) < 400 for p in [*s.problems, s.warning])
     assert s.warning is not None and "(5000 characters)" in s.warning
     assert "(120000 characters)" in s.problems[0]
@@ -66,7 +70,9 @@ PAYLOADS = {
 
 @pytest.mark.parametrize("var", ["DSPARK_HOTFIX_PATCHES", "DSPARK_HOTFIX_STRICT"])
 @pytest.mark.parametrize("payload", sorted(PAYLOADS))
-def test_switch_values_are_never_evaluated_and_warn_once_on_one_line(toys, monkeypatch, tmp_path, var, payload):
+def test_switch_values_are_never_evaluated_and_warn_once_on_one_line(
+    toys, monkeypatch, tmp_path, var, payload
+):
     mark = tmp_path / "pwned"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(var, PAYLOADS[payload].format(mark=mark))
@@ -85,8 +91,11 @@ def test_the_kill_switchs_value_is_never_evaluated_at_interpreter_start(tmp_path
     # The start-up hook reads DSPARK_HOTFIX as the interpreter starts: not understood means off, said once
     # on one line of its own.
     mark = tmp_path / "pwned"
-    proc = child(program(use_toys, import_toy_targets, print_status),
-                 env={"DSPARK_HOTFIX": PAYLOADS[payload].format(mark=mark)}, cwd=tmp_path)
+    proc = child(
+        program(use_toys, import_toy_targets, print_status),
+        env={"DSPARK_HOTFIX": PAYLOADS[payload].format(mark=mark)},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert not mark.exists()
     (rows,) = json_lines(proc.stdout)

@@ -12,7 +12,14 @@ from functools import partial
 import pytest
 
 import dspark_hotfix
-from tests.child import import_modules, module_names, print_status, shim_enabled, use_toys, wrap_depths
+from tests.child import (
+    import_modules,
+    module_names,
+    print_status,
+    shim_enabled,
+    use_toys,
+    wrap_depths,
+)
 from tests.conftest import REPO, child, json_lines, program
 from tests.toys import FAREWELL, GREETING, PLANNER
 
@@ -23,8 +30,15 @@ ALERT = re.compile(r"\[dspark_hotfix\] .*: (problem|undecided): ")
 @pytest.mark.parametrize("raw", ["0", "off"])
 def test_off_means_nothing_is_wrapped_and_nothing_is_said(raw):
     # The model's module first, then the planner's: no hook wraps later either.
-    code = program(use_toys, partial(import_modules, ["vllm.toy_model"]), wrap_depths,
-                   partial(import_modules, ["vllm.toy_planner"]), wrap_depths, module_names, print_status)
+    code = program(
+        use_toys,
+        partial(import_modules, ["vllm.toy_model"]),
+        wrap_depths,
+        partial(import_modules, ["vllm.toy_planner"]),
+        wrap_depths,
+        module_names,
+        print_status,
+    )
     proc = child(code, env={"DSPARK_HOTFIX": raw})
     assert proc.returncode == 0, proc.stderr
     first, later, modules, rows = json_lines(proc.stdout)
@@ -38,12 +52,14 @@ def test_off_means_nothing_is_wrapped_and_nothing_is_said(raw):
 @pytest.fixture
 def switch(monkeypatch):
     """Set ``DSPARK_HOTFIX`` (None: unset) for a fresh reading of it in this process."""
+
     def set_to(raw: str | None) -> None:
         if raw is None:
             monkeypatch.delenv("DSPARK_HOTFIX", raising=False)
         else:
             monkeypatch.setenv("DSPARK_HOTFIX", raw)
         monkeypatch.setattr(dspark_hotfix, "_enabled", None)
+
     return set_to
 
 
@@ -80,23 +96,30 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
     switch(raw)
     assert [dspark_hotfix.enabled(), dspark_hotfix.enabled()] == [False, False]
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and f"DSPARK_HOTFIX={raw!r}" in lines[0] and lines[0].endswith(": the shim is OFF")
+    assert (
+        len(lines) == 1
+        and f"DSPARK_HOTFIX={raw!r}" in lines[0]
+        and lines[0].endswith(": the shim is OFF")
+    )
     # The documented log alert (a [dspark_hotfix] line whose verdict exits 1) sees it, as `status` says it.
     assert ALERT.search(lines[0]) and lines[0].startswith("WARNING "), lines[0]
     assert dspark_hotfix.status()["verdict"] == "undecided"
 
 
-@pytest.mark.parametrize(("raw", "on", "said"),
-                         [(" yes ", True, False), (" no ", False, False), ("", True, False), ("maybe", False, True)],
-                         ids=["a true word", "a false word", "blank", "another value"])
+@pytest.mark.parametrize(
+    ("raw", "on", "said"),
+    [(" yes ", True, False), (" no ", False, False), ("", True, False), ("maybe", False, True)],
+    ids=["a true word", "a false word", "blank", "another value"],
+)
 def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
     # The start-up hook reads blank, 1 and 0 itself and hands any other value to the package's own reading
     # (switch()): the same answer, and a value not understood said once in the process, not once per reading.
     proc = child(program(shim_enabled, shim_enabled), env={"DSPARK_HOTFIX": raw})
     assert json_lines(proc.stdout) == [on, on]
     lines = proc.stderr.splitlines()
-    assert len(lines) == said and all(f"DSPARK_HOTFIX={raw!r}" in line and line.endswith(": the shim is OFF")
-                                      for line in lines), lines
+    assert len(lines) == said and all(
+        f"DSPARK_HOTFIX={raw!r}" in line and line.endswith(": the shim is OFF") for line in lines
+    ), lines
 
 
 def test_a_value_not_understood_is_said_at_interpreter_start_where_nothing_else_reads_the_switch():
@@ -107,10 +130,16 @@ def test_a_value_not_understood_is_said_at_interpreter_start_where_nothing_else_
     assert "DSPARK_HOTFIX='maybe'" in line and line.endswith(": the shim is OFF"), line
 
 
-def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_warnings_words(capsys):
+def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_warnings_words(
+    capsys,
+):
     from dspark_hotfix.cli import main
 
-    (row,) = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `DSPARK_HOTFIX` |")]
+    (row,) = [
+        line
+        for line in (REPO / "README.md").read_text().splitlines()
+        if line.startswith("| `DSPARK_HOTFIX` |")
+    ]
     assert "on (unset or blank)" in row
     assert "Any other value is off too, with one warning ending `: the shim is OFF`" in row
     readme = (REPO / "README.md").read_text()
@@ -118,5 +147,7 @@ def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_wa
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "DSPARK_HOTFIX 1/true/on/yes, blank or unset: on; 0/false/off/no: off; anything else: off, with one " \
-           "warning (the shim is OFF)" in help_text
+    assert (
+        "DSPARK_HOTFIX 1/true/on/yes, blank or unset: on; 0/false/off/no: off; anything else: off, with one "
+        "warning (the shim is OFF)" in help_text
+    )

@@ -33,7 +33,8 @@ def test_strict_is_off_by_default_and_on_for_true_words_only():
     assert settings(DSPARK_HOTFIX_STRICT="Yes").strict is True
     s = settings(DSPARK_HOTFIX_STRICT="very")
     assert s.strict is False and s.problems == [
-        "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is OFF"]
+        "DSPARK_HOTFIX_STRICT='very' is not one of 1/true/on/yes/0/false/off/no: strict mode is OFF"
+    ]
 
 
 def test_the_readme_and_help_say_what_strict_stops_and_what_another_value_does(capsys):
@@ -46,25 +47,41 @@ def test_the_readme_and_help_say_what_strict_stops_and_what_another_value_does(c
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"{config.STRICT} 1/true/on/yes: a patch that cannot be applied, or a correction that raises, stops vLLM; " \
-           "blank, unset or 0/false/off/no: off; anything else: off, with one warning" in help_text, help_text
+    assert (
+        f"{config.STRICT} 1/true/on/yes: a patch that cannot be applied, or a correction that raises, stops vLLM; "
+        "blank, unset or 0/false/off/no: off; anything else: off, with one warning" in help_text
+    ), help_text
 
 
 # Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it says.
 FAULTS = {
-    "class renamed": ({module_file(GREETING): [("class Greeter:", "class Welcomer:")]}, GREETING,
-                      "vllm.toy_model has no class Greeter"),
-    "method renamed": ({module_file(GREETING): [("def greet(self, name)", "def salute(self, name)")]}, GREETING,
-                       "Greeter defines no greet"),
-    "signature changed": ({module_file(GREETING): [("def greet(self, name)", "def greet(self, name, title='')")]},
-                          GREETING, "unexpected signature Greeter.greet(self, name, title)"),
-    "function renamed": ({module_file(PLANNER): [("def plan(", "def schedule(")]}, PLANNER,
-                         "vllm.toy_planner defines no plan"),
+    "class renamed": (
+        {module_file(GREETING): [("class Greeter:", "class Welcomer:")]},
+        GREETING,
+        "vllm.toy_model has no class Greeter",
+    ),
+    "method renamed": (
+        {module_file(GREETING): [("def greet(self, name)", "def salute(self, name)")]},
+        GREETING,
+        "Greeter defines no greet",
+    ),
+    "signature changed": (
+        {module_file(GREETING): [("def greet(self, name)", "def greet(self, name, title='')")]},
+        GREETING,
+        "unexpected signature Greeter.greet(self, name, title)",
+    ),
+    "function renamed": (
+        {module_file(PLANNER): [("def plan(", "def schedule(")]},
+        PLANNER,
+        "vllm.toy_planner defines no plan",
+    ),
 }
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(toys, monkeypatch, tmp_path, fault):
+def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(
+    toys, monkeypatch, tmp_path, fault
+):
     edits, patch, detail = FAULTS[fault]
     build(tmp_path, monkeypatch, edits)
     strict(monkeypatch)
@@ -91,7 +108,9 @@ def test_strict_remedy_names_only_commands_that_exist(toys, monkeypatch, tmp_pat
     for command in commands:
         with pytest.raises(SystemExit) as helped:
             main([command, "--help"])
-        assert helped.value.code == 0, f"the remedy names `dspark-hotfix {command}`, which does not exist"
+        assert helped.value.code == 0, (
+            f"the remedy names `dspark-hotfix {command}`, which does not exist"
+        )
 
 
 def test_strict_mode_refuses_every_retried_import_of_a_broken_target(toys, monkeypatch, tmp_path):
@@ -117,16 +136,21 @@ def _raising(answer, /, self, name):
 
 def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
     # Without strict mode vLLM's own answer goes on (tests/reporting/test_one_truth.py); strict, the call fails.
-    monkeypatch.setattr(dspark_hotfix.patches, "ALL", (dataclasses.replace(GREETING, correction=_raising),
-                                                        FAREWELL, PLANNER))
+    monkeypatch.setattr(
+        dspark_hotfix.patches,
+        "ALL",
+        (dataclasses.replace(GREETING, correction=_raising), FAREWELL, PLANNER),
+    )
     strict(monkeypatch)
     activate()
     from vllm.toy_model import Greeter
 
     with pytest.raises(HotfixError) as stopped:
         Greeter().greet("you")
-    assert str(stopped.value).startswith(f"{GREETING.name}: correction raised ValueError: a field this shim does "
-                                         f"not know in {GREETING.target}; ")
+    assert str(stopped.value).startswith(
+        f"{GREETING.name}: correction raised ValueError: a field this shim does "
+        f"not know in {GREETING.target}; "
+    )
     assert isinstance(stopped.value.__cause__, ValueError)
     assert toys.states()[GREETING.name] == "raised"
 
@@ -134,11 +158,16 @@ def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
 # Where wrapt cannot be used: a wrapt that is not the one the shim knows, in this process; none at all, in an
 # interpreter without it.
 
-def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_why(toys, monkeypatch):
+
+def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_why(
+    toys, monkeypatch
+):
     # A retried import must not load vLLM unpatched: the start-up hook activates again at each import of
     # vllm that did not complete. A wrapt that is not the one the shim knows is as unusable as none: strict
     # mode stops, status() says failed (not pending) and why.
-    monkeypatch.setitem(sys.modules, "wrapt", types.ModuleType("wrapt"))  # no register_post_import_hook
+    monkeypatch.setitem(
+        sys.modules, "wrapt", types.ModuleType("wrapt")
+    )  # no register_post_import_hook
     strict(monkeypatch)
     monkeypatch.setattr(sys, "meta_path", [VllmImportWatcher("sitecustomize"), *sys.meta_path])
     errors = []
@@ -170,10 +199,14 @@ def import_three_times() -> list[str | None]:
 
 def test_strict_mode_without_wrapt_stops_every_import_naming_wrapt_and_the_remedy(bare_venv):
     code = program(use_toys, import_three_times, print_status)
-    proc = run_python(code, python=str(bare_venv / "bin" / "python"), env={"DSPARK_HOTFIX_STRICT": "1"})
+    proc = run_python(
+        code, python=str(bare_venv / "bin" / "python"), env={"DSPARK_HOTFIX_STRICT": "1"}
+    )
     errors, rows = json_lines(proc.stdout)
     assert len(errors) == 3 and len(set(errors)) == 1, errors
     message = errors[0]
     assert message.startswith("HotfixError: not active: wrapt is not usable"), message
-    assert re.search(r"install wrapt|DSPARK_HOTFIX=0", message, re.IGNORECASE), f"no remedy named: {message}"
+    assert re.search(r"install wrapt|DSPARK_HOTFIX=0", message, re.IGNORECASE), (
+        f"no remedy named: {message}"
+    )
     assert {row["state"] for row in rows.values()} == {"failed"}

@@ -24,12 +24,15 @@ from tests.toys import NAMES
 # Reproducible in CI, and no .hypothesis/ directory written into the checkout.
 PROPERTY = settings(database=None, derandomize=True, deadline=None, max_examples=300)
 
-PADS = st.text(alphabet=" \t\n\r\x0b\x0c\u00a0\u2003", max_size=3)  # whitespace that str.strip takes
+PADS = st.text(
+    alphabet=" \t\n\r\x0b\x0c\u00a0\u2003", max_size=3
+)  # whitespace that str.strip takes
 
 
 def any_case(word: str) -> st.SearchStrategy[str]:
     return st.lists(st.booleans(), min_size=len(word), max_size=len(word)).map(
-        lambda ups: "".join(c.upper() if up else c for c, up in zip(word, ups, strict=True)))
+        lambda ups: "".join(c.upper() if up else c for c, up in zip(word, ups, strict=True))
+    )
 
 
 def not_a_word(text: str) -> bool:
@@ -43,14 +46,22 @@ def switch_values(draw: st.DrawFn) -> tuple[str, str]:
     if label == "blank":
         return draw(PADS), label
     if label == "other":
-        return draw(st.one_of(st.text(max_size=80), st.text(min_size=200, max_size=2000)).filter(not_a_word)), label
-    word = draw(st.sampled_from(dspark_hotfix.TRUE_WORDS if label == "true" else dspark_hotfix.FALSE_WORDS))
+        return draw(
+            st.one_of(st.text(max_size=80), st.text(min_size=200, max_size=2000)).filter(not_a_word)
+        ), label
+    word = draw(
+        st.sampled_from(dspark_hotfix.TRUE_WORDS if label == "true" else dspark_hotfix.FALSE_WORDS)
+    )
     return draw(PADS) + draw(any_case(word)) + draw(PADS), label
 
 
 @PROPERTY
-@given(switch_values(), st.sampled_from([(dspark_hotfix.ENABLE, True, "the shim"),
-                                         (config.STRICT, False, "strict mode")]))
+@given(
+    switch_values(),
+    st.sampled_from(
+        [(dspark_hotfix.ENABLE, True, "the shim"), (config.STRICT, False, "strict mode")]
+    ),
+)
 def test_an_on_off_switch_reads_any_value_as_the_readme_says(value, which):
     (raw, label), (name, default, what) = value, which
     on, problem = dspark_hotfix.switch(name, raw, default, what)
@@ -58,15 +69,22 @@ def test_an_on_off_switch_reads_any_value_as_the_readme_says(value, which):
     if label != "other":
         assert problem is None
         return
-    assert problem is not None and problem.startswith(f"{name}=") and problem.endswith(f": {what} is OFF")
-    assert "\n" not in problem and "\r" not in problem and len(problem) < 250, problem  # one line, bounded
+    assert (
+        problem is not None
+        and problem.startswith(f"{name}=")
+        and problem.endswith(f": {what} is OFF")
+    )
+    assert "\n" not in problem and "\r" not in problem and len(problem) < 250, (
+        problem
+    )  # one line, bounded
     assert dspark_hotfix.shown(raw) in problem  # the value as said: quoted, cut short
 
 
 def load_startup_module():
     """The start-up hook's module, loaded under another name (its start-up block does not run)."""
-    spec = importlib.util.spec_from_file_location("startup_under_test", REPO / "dspark_hotfix" / "startup" /
-                                                  "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location(
+        "startup_under_test", REPO / "dspark_hotfix" / "startup" / "sitecustomize.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,8 +113,12 @@ def test_the_start_up_hook_reads_any_value_of_the_kill_switch_as_the_package_doe
         patch.setenv(dspark_hotfix.ENABLE, raw)
         patch.setattr(dspark_hotfix, "_enabled", None)  # the package's reading, made afresh
         patch.setattr(sys, "meta_path", list(sys.meta_path))
-        patch.setattr(STARTUP, "activate", activated.append)  # where vLLM is imported already (a test's stand-in)
-        patch.setattr(dspark_hotfix, "say", lambda text: None)  # the warning of a value not understood
+        patch.setattr(
+            STARTUP, "activate", activated.append
+        )  # where vLLM is imported already (a test's stand-in)
+        patch.setattr(
+            dspark_hotfix, "say", lambda text: None
+        )  # the warning of a value not understood
         STARTUP.start()
         watching = any(isinstance(finder, STARTUP.VllmImportWatcher) for finder in sys.meta_path)
         package_says = dspark_hotfix.enabled()
@@ -113,7 +135,13 @@ def selections(draw: st.DrawFn) -> tuple[str, list[tuple[bool, str, str]]]:
     entries, labels = [], []
     for _ in range(draw(st.integers(1, 7))):
         minus, kind = draw(st.booleans()), draw(st.sampled_from(["known", "unknown", "empty"]))
-        name = draw(st.sampled_from(NAMES)) if kind == "known" else draw(UNKNOWN) if kind == "unknown" else ""
+        name = (
+            draw(st.sampled_from(NAMES))
+            if kind == "known"
+            else draw(UNKNOWN)
+            if kind == "unknown"
+            else ""
+        )
         written = draw(any_case(name))
         entries.append(draw(PADS) + ("-" + draw(PADS)) * minus + written + draw(PADS))
         labels.append((minus, kind, name))
@@ -130,7 +158,9 @@ def test_a_selection_reads_any_value_as_the_readme_says(value):
         return
     named = {name for minus, kind, name in labels if kind == "known" and not minus}
     excluded = {name for minus, kind, name in labels if kind == "known" and minus}
-    ignored = len({name for _, kind, name in labels if kind != "known"})  # names, not entries: "" is one
+    ignored = len(
+        {name for _, kind, name in labels if kind != "known"}
+    )  # names, not entries: "" is one
     # Only the names, or all but the -names; names mixed with -names: the names less those. So a value with
     # no usable name (a typo) keeps every patch on.
     assert selected == (named - excluded if named else frozenset(NAMES) - excluded)
@@ -138,7 +168,11 @@ def test_a_selection_reads_any_value_as_the_readme_says(value):
         assert warning is None
         return
     assert warning is not None and warning.startswith(f"{config.PATCHES}=") and "\n" not in warning
-    why = f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored" if ignored else "names mixed with -names"
+    why = (
+        f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored"
+        if ignored
+        else "names mixed with -names"
+    )
     says = ", ".join(n for n in NAMES if n in selected) or "none"
     assert f": {why}; it selects {says} (known: " in warning, warning
     assert len(warning) < 400, warning

@@ -47,7 +47,11 @@ def pre_fix(spec: Any, variant: str) -> Any:
     # The report's own diagnosis of the attention spec: no alignment either, and
     # the cache dtype string degraded to "auto".
     return dataclasses.replace(
-        spec, kv_quant_mode=KVQuantMode.NONE, alignment=None, cache_dtype_str="auto", page_size_padded=None
+        spec,
+        kv_quant_mode=KVQuantMode.NONE,
+        alignment=None,
+        cache_dtype_str="auto",
+        page_size_padded=None,
     )
 
 
@@ -70,7 +74,9 @@ def _reshape_kv_cache():
 
     fn = getattr(attn_utils, "_reshape_kv_cache", None)
     if fn is None or "auto" not in inspect.getsource(fn):
-        pytest.skip("this release's V2 runner no longer views NONE-mode specs as 'auto' (gone in 0.29.0)")
+        pytest.skip(
+            "this release's V2 runner no longer views NONE-mode specs as 'auto' (gone in 0.29.0)"
+        )
     return fn
 
 
@@ -80,7 +86,10 @@ def test_v2_runner_reshape_gives_512_before_and_584_after_the_correction():
     views = {}
     for kind, fixed in fixed_specs().items():
         before = pre_fix(fixed, "no_quant_mode")
-        for label, spec in (("pre_fix", before), ("corrected", fp8_ds_mla_spec(before, "fp8_ds_mla", FP8))):
+        for label, spec in (
+            ("pre_fix", before),
+            ("corrected", fp8_ds_mla_spec(before, "fp8_ds_mla", FP8)),
+        ):
             views[f"{kind}_{label}"] = grid.runner_view(reshape, kind, spec, num_blocks)
     assert views["swa_pre_fix"]["shape"] == [num_blocks, 64, 512]
     assert views["swa_corrected"]["shape"] == [num_blocks, 64, 584]
@@ -91,7 +100,15 @@ def test_v2_runner_reshape_gives_512_before_and_584_after_the_correction():
     if out:
         import vllm
 
-        Path(out).write_text(json.dumps({
-            "source": "vLLM's own V2 runner reshape (vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache) on CPU",
-            "vllm": vllm.__version__, "torch": torch.__version__, "views": views,
-        }, indent=2) + "\n")
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "source": "vLLM's own V2 runner reshape (vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache) on CPU",
+                    "vllm": vllm.__version__,
+                    "torch": torch.__version__,
+                    "views": views,
+                },
+                indent=2,
+            )
+            + "\n"
+        )

@@ -30,7 +30,9 @@ import grid  # noqa: E402
 EXPECTED: dict[str, str] = json.loads(os.environ["EXPECTED_STATES"])
 NEEDED = [p.name for p in ALL if EXPECTED[p.name] == "patched"]
 # Every target module this release has, as a server imports them: the patches judged on import are judged here.
-MODULES = tuple(m for m in dict.fromkeys(p.module for p in ALL) if importlib.util.find_spec(m) is not None)
+MODULES = tuple(
+    m for m in dict.fromkeys(p.module for p in ALL) if importlib.util.find_spec(m) is not None
+)
 IMPORTS = "".join(f"import {module}\n" for module in MODULES)
 for _module in MODULES:
     importlib.import_module(_module)
@@ -70,7 +72,9 @@ def test_each_patch_is_applied_only_where_this_release_needs_it(patch):
     if row["state"] == "not_needed":
         # The hook ran on the real import, found the target, and called vLLM's own function to decide.
         assert row["detail"].startswith("not needed (vLLM"), row
-        where = f"{owner.__module__}.{owner.__qualname__}" if inspect.isclass(owner) else owner.__name__
+        where = (
+            f"{owner.__module__}.{owner.__qualname__}" if inspect.isclass(owner) else owner.__name__
+        )
         assert row["target"] == f"{where}.{patch.qualname.rpartition('.')[2]}"
         assert inspect.isfunction(function), "vLLM's function must not be wrapped"
 
@@ -79,18 +83,25 @@ def test_grid_results_are_identical_with_the_shim_off():
     with_shim = json.loads(json.dumps(grid.results()))
     env = {k: v for k, v in os.environ.items()}
     env["DSPARK_HOTFIX"] = "0"
-    proc = subprocess.run([sys.executable, str(HERE / "grid.py")], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "grid.py")], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     without = json.loads(proc.stdout.strip().splitlines()[-1])
     assert with_shim == without
-    assert len(with_shim) == len(grid.DTYPES) * len(grid.BLOCKS) * (len(grid.COMPRESS) + 1) + len(grid.NAMES)
+    assert len(with_shim) == len(grid.DTYPES) * len(grid.BLOCKS) * (len(grid.COMPRESS) + 1) + len(
+        grid.NAMES
+    )
     assert all(row["corrections"] == 0 for row in rows().values())
 
 
 def _run(code_or_args, env_extra: dict, pythonpath: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
     env.update(env_extra, PYTHONPATH=pythonpath)
-    command = [sys.executable, *(["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args)]
+    command = [
+        sys.executable,
+        *(["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args),
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -101,7 +112,9 @@ def test_real_vllm_plugin_loader_activates_the_shim(tmp_path):
     info = tmp_path / "dspark_hotfix-0.0.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dspark-hotfix\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\ndspark_hotfix = dspark_hotfix.plugin:register\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\ndspark_hotfix = dspark_hotfix.plugin:register\n"
+    )
     code = (
         "import json, sys\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
         f"{IMPORTS}import dspark_hotfix\n"
@@ -139,8 +152,12 @@ def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():
     rest = len(ALL) - len(NEEDED)
     if NEEDED:
         corrects = any(not p.stops for p in ALL if p.name in NEEDED)
-        said = f"{'fixing' if corrects else 'guarding'}: {len(NEEDED)} patched ({', '.join(NEEDED)})"
-        assert ours[0].endswith(f" via sitecustomize: {said}" + (f", {rest} not_needed" if rest else "")), ours
+        said = (
+            f"{'fixing' if corrects else 'guarding'}: {len(NEEDED)} patched ({', '.join(NEEDED)})"
+        )
+        assert ours[0].endswith(
+            f" via sitecustomize: {said}" + (f", {rest} not_needed" if rest else "")
+        ), ours
     else:
         assert ours[0].endswith(f" via sitecustomize: removable: {rest} not_needed"), ours
 
@@ -150,5 +167,7 @@ def test_the_status_rows_are_recorded_for_each_patchs_own_tests():
     if out:
         import vllm
 
-        Path(out).write_text(json.dumps({"vllm": vllm.__version__, "status": rows()}, indent=1) + "\n")
+        Path(out).write_text(
+            json.dumps({"vllm": vllm.__version__, "status": rows()}, indent=1) + "\n"
+        )
     assert set(rows()) == set(EXPECTED)

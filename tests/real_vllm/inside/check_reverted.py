@@ -36,7 +36,11 @@ PATCHED = [p for p in ALL if EXPECTED[p.name] == "patched"]
 
 
 def _environment(pythonpath: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX") and k != "ANSWERS_OUT"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DSPARK_HOTFIX") and k != "ANSWERS_OUT"
+    }
     env["PYTHONPATH"] = pythonpath
     return env
 
@@ -46,10 +50,15 @@ def _start() -> dict[str, subprocess.Popen[str]]:
     process imports vLLM, so the three imports of vLLM overlap."""
     commands = {
         "without_shim": ([sys.executable, str(HERE / "runner_answers.py")], str(COPY)),
-        "doctor": ([sys.executable, "-m", "dspark_hotfix", "doctor", "--json"], os.environ["PYTHONPATH"]),
+        "doctor": (
+            [sys.executable, "-m", "dspark_hotfix", "doctor", "--json"],
+            os.environ["PYTHONPATH"],
+        ),
     }
     return {
-        key: subprocess.Popen(argv, env=_environment(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        key: subprocess.Popen(
+            argv, env=_environment(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for key, (argv, path) in commands.items()
     }
 
@@ -96,7 +105,9 @@ def test_the_copy_shadows_the_installed_vllm_and_carries_the_reverted_lines():
     assert EDITS, "no patch declares a line to revert"
     assert Path(vllm.__file__).is_relative_to(COPY), vllm.__file__
     for edit in EDITS:
-        module = importlib.import_module("vllm." + edit["path"].removesuffix(".py").replace("/", "."))
+        module = importlib.import_module(
+            "vllm." + edit["path"].removesuffix(".py").replace("/", ".")
+        )
         assert module.__file__ is not None and Path(module.__file__) == COPY / "vllm" / edit["path"]
         lines = [line.strip() for line in Path(module.__file__).read_text().splitlines()]
         assert edit["line"] not in lines
@@ -106,9 +117,13 @@ def test_the_copy_shadows_the_installed_vllm_and_carries_the_reverted_lines():
     for library in sorted((COPY / "vllm").glob("*.so")):
         try:
             extension = importlib.import_module("vllm." + library.name.split(".")[0])
-        except ImportError:  # some need a CUDA driver: they fail the same way from the installed package
+        except (
+            ImportError
+        ):  # some need a CUDA driver: they fail the same way from the installed package
             continue
-        assert extension.__file__ is not None and Path(extension.__file__).parent == COPY / "vllm", extension.__file__
+        assert (
+            extension.__file__ is not None and Path(extension.__file__).parent == COPY / "vllm"
+        ), extension.__file__
         loaded.append(library.name)
     assert loaded, "no compiled extension of vLLM loaded from the copy"
 
@@ -130,7 +145,9 @@ def test_every_patch_is_in_its_declared_state_and_the_needed_ones_are_installed(
     # Each patch a REVERT edit brings back is needed here.
     assert any(not p.stops for p in PATCHED), "the revert re-creates no defect a correction repairs"
     for patch in PATCHED:
-        assert rows[patch.name]["needed"] is True, rows[patch.name]  # the probe's verdict on vLLM's own function
+        assert rows[patch.name]["needed"] is True, rows[
+            patch.name
+        ]  # the probe's verdict on vLLM's own function
 
 
 def test_without_the_shim_nothing_is_wrapped(without_shim):
@@ -138,7 +155,9 @@ def test_without_the_shim_nothing_is_wrapped(without_shim):
     assert not any(without_shim["wrapped"].values()), without_shim["wrapped"]
 
 
-def test_with_the_shim_vllms_crash_path_is_wrapped_exactly_where_a_patch_applies(with_shim, without_shim):
+def test_with_the_shim_vllms_crash_path_is_wrapped_exactly_where_a_patch_applies(
+    with_shim, without_shim
+):
     assert with_shim["vllm_file"] == without_shim["vllm_file"]
     # The patched targets are wrapped; the rest of the path (the V2 runner's reshape) is vLLM's own.
     targets = {p.qualname for p in PATCHED}
@@ -151,9 +170,14 @@ def test_the_answers_are_recorded_for_each_patchs_own_tests(with_shim, without_s
     again = runner_answers.answers()  # one more round: what each patch corrects in it
     after = {name: row["corrections"] for name, row in status()[1].items()}
     assert again == with_shim
-    answers = {"vllm": with_shim["vllm"], "torch": torch.__version__, "with_shim": with_shim,
-               "without_shim": without_shim, "corrections": {name: after[name] - before[name] for name in after},
-               "status": status()[1]}
+    answers = {
+        "vllm": with_shim["vllm"],
+        "torch": torch.__version__,
+        "with_shim": with_shim,
+        "without_shim": without_shim,
+        "corrections": {name: after[name] - before[name] for name in after},
+        "status": status()[1],
+    }
     out = os.environ.get("ANSWERS_OUT")
     if out:
         Path(out).write_text(json.dumps(answers, indent=1) + "\n")

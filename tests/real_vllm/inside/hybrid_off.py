@@ -85,7 +85,10 @@ class Model:
         self.kind_of: dict[str, str] = {}
 
     def _backends(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"swa": getattr(self.swa_mod, "DeepseekSparseSWABackend", None), "attn": None}
+        found: dict[str, Any] = {
+            "swa": getattr(self.swa_mod, "DeepseekSparseSWABackend", None),
+            "attn": None,
+        }
         try:
             flashmla = imp("vllm.models.deepseek_v4.nvidia.flashmla")
             for _, cls in inspect.getmembers(flashmla, inspect.isclass):
@@ -100,25 +103,47 @@ class Model:
         return found
 
     def swa(self) -> Any:
-        layer = NS(block_size=64, head_dim=HEAD_DIM, window_size=WINDOW, dtype=self.torch.uint8,
-                   cache_config=self.cache, bounded_replay=False, packed_bytes_per_token=584,
-                   packed_page_alignment=576, packed_block_stride_alignment=None, backend_cls=self.backends["swa"])
+        layer = NS(
+            block_size=64,
+            head_dim=HEAD_DIM,
+            window_size=WINDOW,
+            dtype=self.torch.uint8,
+            cache_config=self.cache,
+            bounded_replay=False,
+            packed_bytes_per_token=584,
+            packed_page_alignment=576,
+            packed_block_stride_alignment=None,
+            backend_cls=self.backends["swa"],
+        )
         return self.swa_mod.DeepseekV4SWACache.get_kv_cache_spec(layer, self.config)
 
     def attn(self, ratio: int) -> Any:
-        layer = NS(compress_ratio=ratio, kv_cache_dtype=CACHE_DTYPE, head_dim=HEAD_DIM,
-                   kv_cache_torch_dtype=self.torch.uint8, cache_config=self.cache)
+        layer = NS(
+            compress_ratio=ratio,
+            kv_cache_dtype=CACHE_DTYPE,
+            head_dim=HEAD_DIM,
+            kv_cache_torch_dtype=self.torch.uint8,
+            cache_config=self.cache,
+        )
         return self.attn_mod.DeepseekV4Attention.get_kv_cache_spec(layer, self.config)
 
     def state(self, ratio: int, head_dim: int) -> Any:
         coff = 1 + (ratio == 4)
-        layer = NS(state_dim=2 * coff * head_dim, dtype=self.torch.float32, compress_ratio=ratio,
-                   sliding_window=coff * ratio, block_size=4 if ratio == 4 else 8, cache_config=self.cache)
+        layer = NS(
+            state_dim=2 * coff * head_dim,
+            dtype=self.torch.float32,
+            compress_ratio=ratio,
+            sliding_window=coff * ratio,
+            block_size=4 if ratio == 4 else 8,
+            cache_config=self.cache,
+        )
         return self.comp_mod.CompressorStateCache.get_kv_cache_spec(layer, self.config)
 
     def indexer(self, ratio: int) -> Any:
         head = INDEXER_HEAD_DIM + INDEXER_HEAD_DIM // INDEXER_QUANT_BLOCK * 4
-        layer = NS(head_dim=head, dtype=self.torch.uint8, compress_ratio=ratio, cache_config=self.cache)
+        layer = NS(
+            head_dim=head, dtype=self.torch.uint8, compress_ratio=ratio, cache_config=self.cache
+        )
         return self.attn_mod.DeepseekV4IndexerCache.get_kv_cache_spec(layer, self.config)
 
     def specs(self) -> dict[str, Any]:
@@ -128,9 +153,16 @@ class Model:
             prefix = f"model.layers.{i}.attn"
             items: list[tuple[str, str, Callable[[], Any]]] = []
             if ratio == 4:
-                items.append((f"{prefix}.indexer.k_cache", "indexer", functools.partial(self.indexer, ratio)))
-                items.append((f"{prefix}.indexer.compressor.state_cache", "state",
-                              functools.partial(self.state, ratio, INDEXER_HEAD_DIM)))
+                items.append(
+                    (f"{prefix}.indexer.k_cache", "indexer", functools.partial(self.indexer, ratio))
+                )
+                items.append(
+                    (
+                        f"{prefix}.indexer.compressor.state_cache",
+                        "state",
+                        functools.partial(self.state, ratio, INDEXER_HEAD_DIM),
+                    )
+                )
             items.append((f"{prefix}.swa_cache", "swa", self.swa))
             if ratio > 1:
                 items.append((prefix, "attn", functools.partial(self.attn, ratio)))
@@ -158,13 +190,26 @@ def vllm_config(disable_hybrid: bool) -> Any:
     cache_config = imp("vllm.config").CacheConfig(block_size=BLOCK_SIZE, cache_dtype=CACHE_DTYPE)
     cache_config.num_gpu_blocks_override = NUM_BLOCKS
     return NS(
-        scheduler_config=NS(disable_hybrid_kv_cache_manager=disable_hybrid, max_num_batched_tokens=8192,
-                            max_num_seqs=8),
+        scheduler_config=NS(
+            disable_hybrid_kv_cache_manager=disable_hybrid,
+            max_num_batched_tokens=8192,
+            max_num_seqs=8,
+        ),
         cache_config=cache_config,
-        model_config=NS(max_model_len=4096, use_mla=True, attention_chunk_size=None, is_hybrid=False,
-                        hf_config=NS(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"])),
-        parallel_config=NS(tensor_parallel_size=1, pipeline_parallel_size=1, decode_context_parallel_size=1,
-                           prefill_context_parallel_size=1, data_parallel_size=1),
+        model_config=NS(
+            max_model_len=4096,
+            use_mla=True,
+            attention_chunk_size=None,
+            is_hybrid=False,
+            hf_config=NS(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"]),
+        ),
+        parallel_config=NS(
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            decode_context_parallel_size=1,
+            prefill_context_parallel_size=1,
+            data_parallel_size=1,
+        ),
         speculative_config=NS(use_eagle=lambda: True, method="dspark", num_speculative_tokens=3),
         kv_transfer_config=None,
         attention_config=NS(hisparse_config=None),
@@ -195,16 +240,31 @@ def layer_spec(group: Any, name: str) -> Any:
 def view_of(tensor: Any) -> dict[str, Any]:
     """Bytes per token (the last dimension's bytes, times the heads) and slots per block of a runner view."""
     shape = list(tensor.shape)
-    heads = shape[1] if tensor.dim() == 4 else 1  # 0.29+: [blocks, heads, slots, bytes]; before: [blocks, slots, ...]
-    return {"bytes_per_token": heads * shape[-1] * tensor.element_size(),
-            "slots_per_block": shape[-2], "dtype": str(tensor.dtype).replace("torch.", "")}
+    heads = (
+        shape[1] if tensor.dim() == 4 else 1
+    )  # 0.29+: [blocks, heads, slots, bytes]; before: [blocks, slots, ...]
+    return {
+        "bytes_per_token": heads * shape[-1] * tensor.element_size(),
+        "slots_per_block": shape[-2],
+        "dtype": str(tensor.dtype).replace("torch.", ""),
+    }
 
 
-def call_reshape(reshape: Callable[..., Any], attn_groups: list[Any], raw: dict[str, Any],
-                 kernel_block_sizes: list[int], kv_cache_config: Any) -> Any:
-    values = {"attn_groups": attn_groups, "kv_cache_raw_tensors": raw, "cache_dtype": CACHE_DTYPE,
-              "kernel_block_sizes": kernel_block_sizes, "shared_kv_cache_layers": {},
-              "kv_cache_config": kv_cache_config}
+def call_reshape(
+    reshape: Callable[..., Any],
+    attn_groups: list[Any],
+    raw: dict[str, Any],
+    kernel_block_sizes: list[int],
+    kv_cache_config: Any,
+) -> Any:
+    values = {
+        "attn_groups": attn_groups,
+        "kv_cache_raw_tensors": raw,
+        "cache_dtype": CACHE_DTYPE,
+        "kernel_block_sizes": kernel_block_sizes,
+        "shared_kv_cache_layers": {},
+        "kv_cache_config": kv_cache_config,
+    }
     parameters = inspect.signature(reshape).parameters
     return reshape(**{k: v for k, v in values.items() if k in parameters})
 
@@ -223,28 +283,41 @@ def runner_views(model: Model, config: Any, groups: list[Any]) -> dict[str, Any]
             backend = model.backend_of[name]
             key = (getattr(backend, "__name__", None), repr(spec))
             if key not in by_spec:
-                by_spec[key] = NS(backend=backend, layer_names=[], kv_cache_spec=spec, kv_cache_group_id=group_id)
+                by_spec[key] = NS(
+                    backend=backend, layer_names=[], kv_cache_spec=spec, kv_cache_group_id=group_id
+                )
             by_spec[key].layer_names.append(name)
         attn_groups.append(list(by_spec.values()))
-    from_groups, _ = first_attr((*GROUPING_MODULES, "vllm.v1.core.kv_cache_config_builder"),
-                                "get_kv_cache_config_from_groups")
+    from_groups, _ = first_attr(
+        (*GROUPING_MODULES, "vllm.v1.core.kv_cache_config_builder"),
+        "get_kv_cache_config_from_groups",
+    )
     if "num_blocks" in inspect.signature(from_groups).parameters:
         kv_cache_config = from_groups(config, groups, NUM_BLOCKS)
     else:
-        available = NUM_BLOCKS * sum(layer_spec(g, n).page_size_bytes for g in groups for n in g.layer_names)
+        available = NUM_BLOCKS * sum(
+            layer_spec(g, n).page_size_bytes for g in groups for n in g.layer_names
+        )
         kv_cache_config = from_groups(config, groups, available)
     kernel_block_sizes = list(worker_utils.prepare_kernel_block_sizes(kv_cache_config, attn_groups))
     if hasattr(attn_utils, "_reshape_kv_cache"):  # 0.25-0.28
         raw = attn_utils._allocate_kv_cache(kv_cache_config, {}, torch.device("cpu"))
         flat = [ag for ags in attn_groups for ag in ags]
-        views = call_reshape(attn_utils._reshape_kv_cache, flat, raw, kernel_block_sizes, kv_cache_config)
+        views = call_reshape(
+            attn_utils._reshape_kv_cache, flat, raw, kernel_block_sizes, kv_cache_config
+        )
         builder = "vllm.v1.worker.gpu.attn_utils._reshape_kv_cache"
     else:  # 0.29+
         layout = config.cache_config.get_resolved_kv_cache_layout()
-        views = worker_utils.allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout, kernel_block_sizes)
+        views = worker_utils.allocate_kv_cache(
+            kv_cache_config, torch.device("cpu"), layout, kernel_block_sizes
+        )
         builder = "vllm.v1.worker.utils.allocate_kv_cache"
-    return {"builder": builder, "kernel_block_sizes": kernel_block_sizes,
-            "views": {name: view_of(view) for name, view in views.items()}}
+    return {
+        "builder": builder,
+        "kernel_block_sizes": kernel_block_sizes,
+        "views": {name: view_of(view) for name, view in views.items()},
+    }
 
 
 def grouping(model: Model, get_groups: Callable[..., Any], disable_hybrid: bool) -> dict[str, Any]:
@@ -263,19 +336,32 @@ def grouping(model: Model, get_groups: Callable[..., Any], disable_hybrid: bool)
         return out
     out["outcome"] = "ok"
     out["specs_rebuilt"] = sorted(n for n in specs if specs[n] is not before[n])
-    out["groups"] = [{"spec": type(g.kv_cache_spec).__name__, "block_size": g.kv_cache_spec.block_size,
-                      "layers": len(g.layer_names)} for g in groups]
-    views = attempt(f"views.hybrid_{'off' if disable_hybrid else 'on'}", lambda: runner_views(model, config, groups),
-                    {})
+    out["groups"] = [
+        {
+            "spec": type(g.kv_cache_spec).__name__,
+            "block_size": g.kv_cache_spec.block_size,
+            "layers": len(g.layer_names),
+        }
+        for g in groups
+    ]
+    views = attempt(
+        f"views.hybrid_{'off' if disable_hybrid else 'on'}",
+        lambda: runner_views(model, config, groups),
+        {},
+    )
     out["builder"] = views.get("builder")
     out["kernel_block_sizes"] = views.get("kernel_block_sizes")
     layers = {}
     for group in groups:
         for name in group.layer_names:
             spec = layer_spec(group, name)
-            layers[name] = {"kind": model.kind_of[name], "spec": type(spec).__name__,
-                            "kv_quant_mode": mode_name(spec), "block_size": spec.block_size,
-                            "view": views.get("views", {}).get(name)}
+            layers[name] = {
+                "kind": model.kind_of[name],
+                "spec": type(spec).__name__,
+                "kv_quant_mode": mode_name(spec),
+                "block_size": spec.block_size,
+                "view": views.get("views", {}).get(name),
+            }
     out["layers"] = dict(sorted(layers.items()))
     return out
 
@@ -286,13 +372,23 @@ def merged(model: Model) -> dict[str, Any]:
 
     swa = model.swa()
     spec = type(swa).merge([swa, swa])
-    out: dict[str, Any] = {"spec": type(spec).__name__, "input_kv_quant_mode": mode_name(swa),
-                           "kv_quant_mode": mode_name(spec), "block_size": spec.block_size, "view": None}
+    out: dict[str, Any] = {
+        "spec": type(spec).__name__,
+        "input_kv_quant_mode": mode_name(swa),
+        "kv_quant_mode": mode_name(spec),
+        "block_size": spec.block_size,
+        "view": None,
+    }
     attn_utils = imp("vllm.v1.worker.gpu.attn_utils")
     if hasattr(attn_utils, "_reshape_kv_cache"):
         name = "model.layers.0.attn.swa_cache"
         raw = {name: torch.zeros(spec.page_size_bytes * NUM_BLOCKS, dtype=torch.int8)}
-        group = NS(backend=model.backends["swa"], layer_names=[name], kv_cache_spec=spec, kv_cache_group_id=0)
+        group = NS(
+            backend=model.backends["swa"],
+            layer_names=[name],
+            kv_cache_spec=spec,
+            kv_cache_group_id=0,
+        )
         views = call_reshape(attn_utils._reshape_kv_cache, [group], raw, [spec.block_size], None)
         out["view"] = view_of(views[name])
     return out
@@ -304,22 +400,34 @@ def shim_status() -> dict[str, Any] | None:
     except ImportError:
         return None
     raw = dspark_hotfix.status()
-    return {"activated_by": raw["activated_by"], "enabled": raw["enabled"],
-            "patches": {row["name"]: {"state": row["state"], "needed": row["needed"], "detail": row["detail"]}
-                        for row in raw["patches"]}}
+    return {
+        "activated_by": raw["activated_by"],
+        "enabled": raw["enabled"],
+        "patches": {
+            row["name"]: {"state": row["state"], "needed": row["needed"], "detail": row["detail"]}
+            for row in raw["patches"]
+        },
+    }
 
 
 def main() -> dict[str, Any]:
     import torch
     import vllm
 
-    out: dict[str, Any] = {"vllm": vllm.__version__, "vllm_file": vllm.__file__, "torch": torch.__version__}
+    out: dict[str, Any] = {
+        "vllm": vllm.__version__,
+        "vllm_file": vllm.__file__,
+        "torch": torch.__version__,
+    }
     # The modules of the shim's two targets here, imported as an engine imports them: its hooks decide now.
     for module in ("vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"):
         attempt(f"import {module}", functools.partial(imp, module))
     model = attempt("model", lambda: Model(torch))
-    get_groups, where = attempt("get_kv_cache_groups", lambda: first_attr(GROUPING_MODULES, "get_kv_cache_groups"),
-                                (None, None))
+    get_groups, where = attempt(
+        "get_kv_cache_groups",
+        lambda: first_attr(GROUPING_MODULES, "get_kv_cache_groups"),
+        (None, None),
+    )
     out["get_kv_cache_groups"] = {"module": where, "wrapped": hasattr(get_groups, "__wrapped__")}
     if model is not None and get_groups is not None:
         for disable, key in ((False, "hybrid_on"), (True, "hybrid_off")):
@@ -333,7 +441,10 @@ def main() -> dict[str, Any]:
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    stdout, sys.stdout = sys.stdout, sys.stderr  # vLLM logs to stdout: keep it for the one JSON object
+    stdout, sys.stdout = (
+        sys.stdout,
+        sys.stderr,
+    )  # vLLM logs to stdout: keep it for the one JSON object
     result = main()
     stdout.write(json.dumps(result, indent=1) + "\n")
     stdout.flush()

@@ -25,7 +25,10 @@ def answers() -> dict[str, Any]:
     from vllm.v1.worker.gpu import attn_utils
 
     specs = grid.fp8_specs()
-    views = {kind: grid.runner_view(attn_utils._reshape_kv_cache, kind, spec) for kind, spec in specs.items()}
+    views = {
+        kind: grid.runner_view(attn_utils._reshape_kv_cache, kind, spec)
+        for kind, spec in specs.items()
+    }
     draft = grid.draft(TARGET_LAYERS, DRAFT_LAYERS)
     remap: dict[str, str | None] = {}
     for name in grid.NAMES:
@@ -38,8 +41,10 @@ def answers() -> dict[str, Any]:
         "vllm_file": vllm.__file__,
         "vllm": vllm.__version__,
         "wrapped": {name: hasattr(fn, "__wrapped__") for name, fn in functions.items()},
-        "kv_quant_mode": {kind: str(getattr(spec.kv_quant_mode, "name", spec.kv_quant_mode)) for kind, spec in
-                          specs.items()},
+        "kv_quant_mode": {
+            kind: str(getattr(spec.kv_quant_mode, "name", spec.kv_quant_mode))
+            for kind, spec in specs.items()
+        },
         "views": views,
         "remap": remap,
     }

@@ -23,20 +23,30 @@ import sys
 
 # The engine core, the workers' runner, and every patch's target module (TARGET_MODULES, JSON, from the test:
 # the model's, the DSpark draft's, the grouping's).
-ENGINE = ("vllm.v1.engine.core", "vllm.v1.worker.gpu.attn_utils", *json.loads(os.environ["TARGET_MODULES"]))
+ENGINE = (
+    "vllm.v1.engine.core",
+    "vllm.v1.worker.gpu.attn_utils",
+    *json.loads(os.environ["TARGET_MODULES"]),
+)
 
 
 def samples(text: str) -> list[list]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return [[s.name, s.labels, s.value] for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name.startswith("dspark_hotfix_")]
+    return [
+        [s.name, s.labels, s.value]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("dspark_hotfix_")
+    ]
 
 
 def api() -> None:
     from vllm.model_executor.layers.quantization import get_quantization_config
 
-    get_quantization_config("deepseek_v4_fp8")  # as ModelConfig checks a quantized checkpoint: any method imports it
+    get_quantization_config(
+        "deepseek_v4_fp8"
+    )  # as ModelConfig checks a quantized checkpoint: any method imports it
 
     from importlib.util import find_spec
 
@@ -53,10 +63,23 @@ def api() -> None:
 
     response = client.get("/metrics")
     registry = get_prometheus_registry()
-    print(json.dumps({"pid": os.getpid(), "status": response.status_code, "default": registry is REGISTRY,
-                      "served": samples(response.text), "direct": samples(generate_latest(registry).decode()),
-                      "imported": [m for m in json.loads(os.environ["TARGET_MODULES"]) if m in sys.modules],
-                      "present": [m for m in json.loads(os.environ["TARGET_MODULES"]) if find_spec(m) is not None]}))
+    print(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "status": response.status_code,
+                "default": registry is REGISTRY,
+                "served": samples(response.text),
+                "direct": samples(generate_latest(registry).decode()),
+                "imported": [
+                    m for m in json.loads(os.environ["TARGET_MODULES"]) if m in sys.modules
+                ],
+                "present": [
+                    m for m in json.loads(os.environ["TARGET_MODULES"]) if find_spec(m) is not None
+                ],
+            }
+        )
+    )
 
 
 def engine() -> None:
