@@ -20,9 +20,10 @@ import time
 import timeit
 from pathlib import Path
 
-# What a tensor-parallel worker of DeepSeek-V4 has imported once it loads the model: the worker, vLLM's V2
-# model runner (DSpark forces it) and the target module. (A process that imports the target module alone
-# lacks the KV-cache grouping's modules, which the activation then imports: see run.py.)
+# What a tensor-parallel worker of DeepSeek-V4 has imported once it loads the model: the worker,
+# vLLM's V2 model runner (DSpark forces it) and the target module. (A process that imports the
+# target module alone lacks the KV-cache grouping's modules, which the activation then imports: see
+# run.py.)
 IMPORTS = (
     "vllm.v1.worker.gpu_worker",
     "vllm.v1.worker.gpu.model_runner",

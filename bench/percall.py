@@ -1,4 +1,5 @@
-"""Per-call cost of the shim's wrapper around vLLM's functions; run by ``bench/run.py`` in a child process.
+"""Per-call cost of the shim's wrapper around vLLM's functions; run by ``bench/run.py`` in a child
+process.
 
 ``python bench/percall.py standin [repeats]``: the stand-in build (the reported
 defect) is on ``PYTHONPATH`` with the shim, so the registry wrapped the three
@@ -43,7 +44,8 @@ def patch_named(name: str) -> Any:
 
 
 def correction_on(cls_name: str) -> str:
-    """The name of the shim's correction (a patch decided by a probe) of a method of vLLM's class ``cls_name``."""
+    """The name of the shim's correction (a patch decided by a probe) of a method of vLLM's class
+    ``cls_name``."""
     from dspark_hotfix.patches import ALL
 
     corrections = [p for p in ALL if not p.stops]
@@ -71,9 +73,10 @@ def wrapped_and_original(build: str, name: str) -> tuple[Any, Any]:
 
     patch = patch_named(name)
     _, _, original = registry.resolve(patch, importlib.import_module(patch.module))
-    return registry._wrap(
-        registry.Activation("benchmark"), registry.Record(patch), original
-    ), original
+    return (
+        registry._wrap(registry.Activation("benchmark"), registry.Record(patch), original),
+        original,
+    )
 
 
 def instance_of(name: str, fields: SimpleNamespace) -> object:
@@ -145,7 +148,8 @@ def measure(
     build: str, name: str, instance: object, argument: object, calls: int, repeats: int
 ) -> dict[str, float]:
     """Best ns/call with the shim's wrapper on the class (A), with vLLM's function (B), and with a
-    plain function that only passes the call on (W: what any wrapper costs, without the correction)."""
+    plain function that only passes the call on (W: what any wrapper costs, without the correction).
+    """
     cls, method = owner(name), method_of(name)
     wrapper, original = wrapped_and_original(build, name)
 

@@ -39,7 +39,8 @@ IMPORT = "import " + ", ".join(activation.IMPORTS)  # a tensor-parallel worker's
 SHIM_MODULES = ("sitecustomize", "dspark_hotfix")
 STARTUP_LIMIT = 1.03  # target 1: start-up A/B of the medians
 QUIET = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
-# startup/import: (rounds kept, warm-up rounds); percall: timeit loops per arm and case; the rest: runs.
+# startup/import: (rounds kept, warm-up rounds); percall: timeit loops per arm and case; the rest:
+# runs.
 FULL = {
     "startup": (600, 30),
     "importtime": 60,
@@ -59,7 +60,8 @@ QUICK = {
 
 
 def environ(arm: str, *path: Path) -> dict[str, str]:
-    """A: the shim (and ``path``) on PYTHONPATH; B: the same without the shim; C: on the path, switched off."""
+    """A: the shim (and ``path``) on PYTHONPATH; B: the same without the shim; C: on the path,
+    switched off."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -115,7 +117,8 @@ def last_json(stdout: str) -> Any:
 
 
 def self_times(stderr: str) -> dict[str, int]:
-    """``-X importtime`` self microseconds per module (summed when a name repeats: the chained sitecustomize)."""
+    """``-X importtime`` self microseconds per module (summed when a name repeats: the chained
+    sitecustomize)."""
     times: dict[str, int] = {}
     for line in stderr.splitlines():
         if line.startswith("import time:") and "self [us]" not in line:
@@ -127,7 +130,8 @@ def self_times(stderr: str) -> dict[str, int]:
 def compile_shim(python: str) -> None:
     targets = [REPO / "dspark_hotfix", REPO / "sitecustomize.py", STANDIN]
     output([python, "-m", "compileall", "-q", *map(str, targets)], environ("B"))
-    # Proof that the start-up module now loads from .pyc, from either directory: `-v` names each file it unmarshals.
+    # Proof that the start-up module now loads from .pyc, from either directory: `-v` names each
+    # file it unmarshals.
     for env in (environ("A"), {**environ("B"), "PYTHONPATH": str(STARTUP)}):
         log = output([python, "-v", "-c", "pass"], env).stderr
         loaded = [
@@ -143,8 +147,8 @@ def compile_shim(python: str) -> None:
 
 def row(label: str, values: list[float], fmt: str) -> str:
     return (
-        f"| {label} | {min(values):{fmt}} | {statistics.median(values):{fmt}} | {max(values):{fmt}} | "
-        f"{len(values)} |"
+        f"| {label} | {min(values):{fmt}} | {statistics.median(values):{fmt}} | {max(values):{fmt}}"
+        f" | {len(values)} |"
     )
 
 
@@ -162,8 +166,8 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
 
 def describe(r: tuple[float, float, float, float], digits: int) -> str:
     return (
-        f"**{r[0]:.{digits}f}** (90% interval {r[1]:.{digits}f} to {r[2]:.{digits}f}; median of the per-round "
-        f"ratios {r[3]:.{digits}f})"
+        f"**{r[0]:.{digits}f}** (90% interval {r[1]:.{digits}f} to {r[2]:.{digits}f}; median of the"
+        f" per-round ratios {r[3]:.{digits}f})"
     )
 
 
@@ -183,8 +187,8 @@ def noisy_verdict(r: tuple[float, float, float, float], limit: float) -> str:
 
 
 def shown(python: str) -> str:
-    """The interpreter as a reader names it: the checkout's venv from the repository root, the real-vLLM
-    tier's under the project's cache; never this machine's absolute path."""
+    """The interpreter as a reader names it: the checkout's venv from the repository root, the
+    real-vLLM tier's under the project's cache; never this machine's absolute path."""
     path = Path(python)
     if path.is_relative_to(REPO):
         return str(path.relative_to(REPO))
@@ -195,11 +199,10 @@ def shown(python: str) -> str:
 
 def versions(python: str) -> dict[str, str]:
     code = (
-        "import json, platform, importlib.metadata as m\n"
-        "def v(d):\n"
-        "    try:\n        return m.version(d)\n    except m.PackageNotFoundError:\n        return '-'\n"
-        "print(json.dumps({'python': platform.python_version(), 'wrapt': v('wrapt'), 'vllm': v('vllm'),"
-        " 'torch': v('torch')}))"
+        "import json, platform, importlib.metadata as m\ndef v(d):\n    try:\n        return"
+        " m.version(d)\n    except m.PackageNotFoundError:\n        return"
+        " '-'\nprint(json.dumps({'python': platform.python_version(), 'wrapt': v('wrapt'), 'vllm':"
+        " v('vllm'), 'torch': v('torch')}))"
     )
     return last_json(output([python, "-c", code], environ("B")).stdout)
 
@@ -224,7 +227,8 @@ def bench_startup(
     shutil.copy(REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", bare / "sitecustomize.py")
     no_bytecode = {k: v for k, v in os.environ.items() if not k.startswith("DSPARK_HOTFIX")}
     no_bytecode.update(PYTHONPATH=str(bare), PYTHONDONTWRITEBYTECODE="1")
-    # A and C as operators run it: the start-up directory that `dspark-hotfix path` prints, on PYTHONPATH.
+    # A and C as operators run it: the start-up directory that `dspark-hotfix path` prints, on
+    # PYTHONPATH.
     startup = {**environ("B"), "PYTHONPATH": str(STARTUP)}
     arms = {
         "A": startup,
@@ -232,11 +236,11 @@ def bench_startup(
         "C": {**startup, "DSPARK_HOTFIX": "0"},
         "N": no_bytecode,
     }
-    # Whether the start-up hook watches for vLLM, and whether the package (loaded at start only where
-    # DSPARK_HOTFIX is not understood, to say so) or wrapt loaded.
+    # Whether the start-up hook watches for vLLM, and whether the package (loaded at start only
+    # where DSPARK_HOTFIX is not understood, to say so) or wrapt loaded.
     probe = (
-        "import sys; print(json.dumps([any(type(f).__name__ == 'VllmImportWatcher' for f in sys.meta_path)] + "
-        "[m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))"
+        "import sys; print(json.dumps([any(type(f).__name__ == 'VllmImportWatcher' for f in"
+        " sys.meta_path)] + [m in sys.modules for m in ('dspark_hotfix', 'wrapt')]))"
     )
     seen = {
         arm: last_json(output([python, "-c", "import json; " + probe], env).stdout)
@@ -256,8 +260,9 @@ def bench_startup(
     )
     wall, rss = column(runs, 0, 1e3), column(runs, 2)
     wall_ratio = ratio(wall["A"], wall["B"])
-    # The measurement's own noise: the same figure over each third of the rounds, in the order they ran.
-    # The load of a shared machine changes between them; the bootstrap interval covers sampling alone.
+    # The measurement's own noise: the same figure over each third of the rounds, in the order they
+    # ran. The load of a shared machine changes between them; the bootstrap interval covers sampling
+    # alone.
     third = rounds // 3
     thirds = [
         ratio(wall["A"][i * third : (i + 1) * third], wall["B"][i * third : (i + 1) * third])[0]
@@ -272,33 +277,43 @@ def bench_startup(
     lines += [
         "## 1. Interpreter start of a process that never imports vLLM",
         "",
-        f"`{shown(python)} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds. "
-        "A: `PYTHONPATH=<repo>/dspark_hotfix/startup` (what `dspark-hotfix path` prints); "
-        "B: no `PYTHONPATH`; C: A with `DSPARK_HOTFIX=0` (an operator's B arm, for reference); "
-        "N: A from a copy of the shim without bytecode, under `PYTHONDONTWRITEBYTECODE=1` (a read-only volume or "
-        "checkout: the start-up module is compiled at every start).",
+        (
+            f"`{shown(python)} -c pass`, {rounds} interleaved rounds after {warmup} warm-up rounds."
+            " A: `PYTHONPATH=<repo>/dspark_hotfix/startup` (what `dspark-hotfix path` prints); B:"
+            " no `PYTHONPATH`; C: A with `DSPARK_HOTFIX=0` (an operator's B arm, for reference);"
+            " N: A from a copy of the shim without bytecode, under `PYTHONDONTWRITEBYTECODE=1` (a"
+            " read-only volume or checkout: the start-up module is compiled at every start)."
+        ),
         "",
         "| arm | min ms | median ms | max ms | runs |",
         "|---|---|---|---|---|",
         *(row(arm, wall[arm], ".2f") for arm in arms),
         "",
-        f"A/B of the medians {describe(wall_ratio, 3)}; C/B {ratio(wall['C'], wall['B'])[0]:.3f}: nearly all of "
-        "the cost is loading the start-up module, not what it does (C reads the switch and stops there). "
-        "Without bytecode, N/B "
-        f"{ratio(wall['N'], wall['B'])[0]:.3f}: install the wheel with pip (it compiles at install), and compile a "
-        "volume once (`python -m compileall`, as docs/OPERATORS.md's recipe does) with the image's Python.",
+        (
+            f"A/B of the medians {describe(wall_ratio, 3)}; C/B"
+            f" {ratio(wall['C'], wall['B'])[0]:.3f}: nearly all of the cost is loading the start-up"
+            " module, not what it does (C reads the switch and stops there). Without bytecode, N/B"
+            f" {ratio(wall['N'], wall['B'])[0]:.3f}: install the wheel with pip (it compiles at"
+            " install), and compile a volume once (`python -m compileall`, as docs/OPERATORS.md's"
+            " recipe does) with the image's Python."
+        ),
         "",
-        f"The same A/B over each third of the rounds ({third} rounds each, in the order they ran): "
-        f"{', '.join(f'{x:.3f}' for x in thirds)}. Their spread ({max(thirds) - min(thirds):.3f}) is this "
-        f"measurement's own noise on this machine, next to the margin to {STARTUP_LIMIT}.",
+        (
+            f"The same A/B over each third of the rounds ({third} rounds each, in the order they"
+            f" ran): {', '.join(f'{x:.3f}' for x in thirds)}. Their spread"
+            f" ({max(thirds) - min(thirds):.3f}) is this measurement's own noise on this machine,"
+            f" next to the margin to {STARTUP_LIMIT}."
+        ),
         "",
         "| arm | min peak RSS MiB | median | max | runs |",
         "|---|---|---|---|---|",
         *(row(arm, rss[arm], ".2f") for arm in arms),
         "",
-        "`-X importtime` self time of the modules imported at start-up, median of "
-        f"{plan['importtime']} runs each (µs; `sitecustomize` in B is `site` looking for one and finding none, "
-        "in A ours, with its search for one it shadows):",
+        (
+            "`-X importtime` self time of the modules imported at start-up, median of"
+            f" {plan['importtime']} runs each (µs; `sitecustomize` in B is `site` looking for one"
+            " and finding none, in A ours, with its search for one it shadows):"
+        ),
         "",
         "| module | A | B |",
         "|---|---|---|",
@@ -308,25 +323,27 @@ def bench_startup(
             for m in SHIM_MODULES
         ),
         "",
-        "Nothing else is imported: `tests/activation/test_interpreter.py::"
-        "test_startup_imports_nothing_heavy_when_vllm_is_never_imported` asserts that wrapt, logging, typing, "
-        "inspect, importlib.abc, dataclasses and the shim's registry "
-        "are not in `sys.modules` of such a process.",
+        (
+            "Nothing else is imported: `tests/activation/test_interpreter.py::"
+            "test_startup_imports_nothing_heavy_when_vllm_is_never_imported`"
+            " asserts that wrapt, logging, typing, inspect, importlib.abc, dataclasses and the"
+            " shim's registry are not in `sys.modules` of such a process."
+        ),
         "",
     ]
     summary.append(
-        f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <= {STARTUP_LIMIT} | "
-        f"{noisy_verdict(wall_ratio, STARTUP_LIMIT)} |"
+        f"| 1. start-up `python -c pass`, A/B median wall | {wall_ratio[0]:.3f} | <="
+        f" {STARTUP_LIMIT} | {noisy_verdict(wall_ratio, STARTUP_LIMIT)} |"
     )
     info.append(
-        f"| 1. start-up A/B of the medians, each third of the rounds | "
+        "| 1. start-up A/B of the medians, each third of the rounds | "
         f"{' / '.join(f'{x:.3f}' for x in thirds)} |"
     )
     info.append(f"| 1. start-up peak RSS, A - B medians | {rss_delta * 1024:+.0f} KiB |")
     info.append(
-        f"| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B median wall | "
-        f"{ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f} ms against "
-        f"{statistics.median(wall['B']):.2f} ms) |"
+        "| 1. start-up without bytecode (N: shim not compiled, PYTHONDONTWRITEBYTECODE=1), N/B"
+        f" median wall | {ratio(wall['N'], wall['B'])[0]:.3f} ({statistics.median(wall['N']):.2f}"
+        f" ms against {statistics.median(wall['B']):.2f} ms) |"
     )
 
 
@@ -393,10 +410,12 @@ def bench_import(
     lines += [
         f"## 2. `{IMPORT}` on real vLLM {VLLM}",
         "",
-        f"`{shown(python)} -c '{IMPORT}'`, {rounds} interleaved rounds after {warmup} warm-up round. In A the shim "
-        "imports its registry and wrapt when `vllm` is imported and probes the targets "
-        "as they are imported "
-        f"(patch states at the end: {json.dumps(states)}).",
+        (
+            f"`{shown(python)} -c '{IMPORT}'`, {rounds} interleaved rounds after {warmup} warm-up"
+            " round. In A the shim imports its registry and wrapt when `vllm` is imported and"
+            " probes the targets as they are imported (patch states at the end:"
+            f" {json.dumps(states)})."
+        ),
         "",
         "| arm | min s | median s | max s | runs |",
         "|---|---|---|---|---|",
@@ -412,27 +431,39 @@ def bench_import(
         "",
         f"A/B of the medians {describe(cpu_ratio, 4)}.",
         "",
-        "The run-to-run noise of a 10 s import on a shared 2-core machine (B alone spreads "
-        f"{min(wall['B']):.2f} to {max(wall['B']):.2f} s; vLLM's import runs threads, CPU time exceeds wall time) is "
-        f"larger than the shim's share: {rounds} rounds cannot resolve 1 %, so the ratios above are reported, "
-        "not judged. The target is on that share timed from inside (`bench/activation.py`, in B's process, median of "
-        f"{len(inside)}): importing the registry and wrapt and running the probes took "
-        f"{statistics.median(r['activation_s'] for r in inside) * 1e3:.1f} ms; the two meta-path finders "
-        f"cost {inside[0]['find_spec_ns']['watcher']:.0f} ns (the shim's watcher) and "
-        f"{inside[0]['find_spec_ns']['wrapt']:.0f} ns (wrapt's) per import, times {inside[0]['modules']} modules; "
-        f"the directory on PYTHONPATH {inside[0]['path_entry_ns']:.0f} ns per top-level name, times "
-        f"{inside[0]['top_level']}. Together {share * 1e3:.1f} ms: A/B = **{inside_ratio:.4f}** on B's median.",
+        (
+            "The run-to-run noise of a 10 s import on a shared 2-core machine (B alone spreads"
+            f" {min(wall['B']):.2f} to {max(wall['B']):.2f} s; vLLM's import runs threads, CPU time"
+            f" exceeds wall time) is larger than the shim's share: {rounds} rounds cannot resolve 1"
+            " %, so the ratios above are reported, not judged. The target is on that share timed"
+            f" from inside (`bench/activation.py`, in B's process, median of {len(inside)}):"
+            " importing the registry and wrapt and running the probes took"
+            f" {statistics.median(r['activation_s'] for r in inside) * 1e3:.1f} ms; the two"
+            f" meta-path finders cost {inside[0]['find_spec_ns']['watcher']:.0f} ns (the shim's"
+            f" watcher) and {inside[0]['find_spec_ns']['wrapt']:.0f} ns (wrapt's) per import, times"
+            f" {inside[0]['modules']} modules; the directory on PYTHONPATH"
+            f" {inside[0]['path_entry_ns']:.0f} ns per top-level name, times"
+            f" {inside[0]['top_level']}. Together {share * 1e3:.1f} ms: A/B ="
+            f" **{inside_ratio:.4f}** on B's median."
+        ),
         "",
-        f"Of that, the activation imported {len(inside[0]['vllm_imported'])} modules of vLLM that this process had "
-        "not: where every other patch is judged, the registry imports the `everywhere` stop's module "
-        "(`vllm.v1.core.kv_cache_utils`), so that every process kind gives one verdict. These imports are a "
-        "tensor-parallel worker's, which has imported vLLM's V2 model runner before the model. A process that "
-        "imported the DeepSeek-V4 attention module alone, which vLLM never "
-        "starts, would pay for the grouping's own imports too (26 modules of 0.25.0, about 24 MiB).",
+        (
+            f"Of that, the activation imported {len(inside[0]['vllm_imported'])} modules of vLLM"
+            " that this process had not: where every other patch is judged, the registry imports"
+            " the `everywhere` stop's module (`vllm.v1.core.kv_cache_utils`), so that every"
+            " process kind gives one verdict. These imports are a tensor-parallel worker's, which"
+            " has imported vLLM's V2 model runner before the model. A process that imported the"
+            " DeepSeek-V4 attention module alone, which vLLM never starts, would pay for the"
+            " grouping's own imports too (26 modules of 0.25.0, about 24 MiB)."
+        ),
         "",
-        f"`-X importtime` self time of the modules A adds, one run: {sum(shim.values()) / 1e3:.1f} ms in "
-        f"{len(shim)} modules (wrapt {sum(v for k, v in shim.items() if k.startswith('wrapt')) / 1e3:.1f} ms, "
-        f"dspark_hotfix {sum(v for k, v in shim.items() if k.startswith('dspark')) / 1e3:.1f} ms).",
+        (
+            "`-X importtime` self time of the modules A adds, one run:"
+            f" {sum(shim.values()) / 1e3:.1f} ms in {len(shim)} modules (wrapt"
+            f" {sum(v for k, v in shim.items() if k.startswith('wrapt')) / 1e3:.1f} ms,"
+            f" dspark_hotfix {sum(v for k, v in shim.items() if k.startswith('dspark')) / 1e3:.1f}"
+            " ms)."
+        ),
         "",
         "| arm | min peak RSS MiB | median | max | runs |",
         "|---|---|---|---|---|",
@@ -441,32 +472,42 @@ def bench_import(
         row(f"B, then `import wrapt` ({newest_version})", newest_rss, ".1f"),
         row(f"A with wrapt {newest_version}", newest_a, ".1f"),
         "",
-        f"Peak RSS, A - B of the medians: **{rss_delta * 1024:+.0f} KiB**, of which wrapt alone "
-        f"{wrapt_delta * 1024:+.0f} KiB (imported only for its post-import hooks: the shim's wrappers are plain "
-        f"functions, and on {VLLM} it wraps {sum(s == 'patched' for s in states.values())} of its "
-        f"{len(states)} targets). The venv has wrapt {installed}, what the Dockerfile "
-        "installs where an image has none. "
-        f"An image that already has wrapt keeps it: with wrapt {newest_version}, whose package import loads "
-        f"more modules, A - B is {newest_delta * 1024:+.0f} KiB, which is why the Dockerfile does not install "
-        "the newest.",
+        (
+            f"Peak RSS, A - B of the medians: **{rss_delta * 1024:+.0f} KiB**, of which wrapt alone"
+            f" {wrapt_delta * 1024:+.0f} KiB (imported only for its post-import hooks: the shim's"
+            f" wrappers are plain functions, and on {VLLM} it wraps"
+            f" {sum(s == 'patched' for s in states.values())} of its {len(states)} targets). The"
+            f" venv has wrapt {installed}, what the Dockerfile installs where an image has none. An"
+            f" image that already has wrapt keeps it: with wrapt {newest_version}, whose package"
+            f" import loads more modules, A - B is {newest_delta * 1024:+.0f} KiB, which is why the"
+            " Dockerfile does not install the newest."
+        ),
         "",
     ]
     summary += [
-        f"| 2. `{IMPORT}`, vLLM {VLLM}: the shim's work timed from inside, over B's median wall | "
-        f"{inside_ratio:.4f} | <= 1.01 | {verdict(inside_ratio <= 1.01)} |",
-        f"| 2. that import's peak RSS, A - B medians (wrapt {installed}) | {rss_delta * 1024:+.0f} KiB | "
-        f"<= 1024 KiB | {verdict(rss_delta <= 1)} |",
+        (
+            f"| 2. `{IMPORT}`, vLLM {VLLM}: the shim's work timed from inside, over B's median wall"
+            f" | {inside_ratio:.4f} | <= 1.01 | {verdict(inside_ratio <= 1.01)} |"
+        ),
+        (
+            f"| 2. that import's peak RSS, A - B medians (wrapt {installed}) |"
+            f" {rss_delta * 1024:+.0f} KiB | <= 1024 KiB | {verdict(rss_delta <= 1)} |"
+        ),
     ]
     info += [
         f"| 2. `{IMPORT}`, vLLM {VLLM}, A/B median wall | {spread(wall_ratio)} |",
         f"| 2. the same, A/B median CPU time | {spread(cpu_ratio)} |",
-        f"| 2. that import's peak RSS, A - B medians, where the image brings wrapt {newest_version} (not what the "
-        f"Dockerfile installs) | {newest_delta * 1024:+.0f} KiB |",
+        (
+            "| 2. that import's peak RSS, A - B medians, where the image brings wrapt"
+            f" {newest_version} (not what the Dockerfile installs) | {newest_delta * 1024:+.0f}"
+            " KiB |"
+        ),
     ]
 
 
 def newest_wrapt(python: str, target: Path) -> str:
-    """Put the newest wrapt 2.x from PyPI, byte-compiled, in ``target`` (for PYTHONPATH); its version."""
+    """Put the newest wrapt 2.x from PyPI, byte-compiled, in ``target`` (for PYTHONPATH); its
+    version."""
     output(
         [
             python,
@@ -493,16 +534,22 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
     lines += [
         "## 3. Per call: the wrapped functions against vLLM's own",
         "",
-        f"Best of {standin['repeats']} interleaved timeit loops per arm and case, calling through the class as "
-        "vLLM's call sites do (`self.m(x)`), with the class attribute switched between the shim's wrapper and "
-        "vLLM's function. Stand-in build (the reported defect): wrapped by the registry at import, its probes "
-        f"having found the defect. vLLM {VLLM}: the shim wraps none of them there (the release is right), so the "
-        "wrapper is built as the registry builds it, `registry._wrap` around vLLM's own function (found and "
-        "signature-checked by `registry.resolve`), and put on the class only while it is timed: what a wrap "
-        "would cost there. Reported as measured; no target.",
+        (
+            f"Best of {standin['repeats']} interleaved timeit loops per arm and case, calling"
+            " through the class as vLLM's call sites do (`self.m(x)`), with the class attribute"
+            " switched between the shim's wrapper and vLLM's function. Stand-in build (the"
+            " reported defect): wrapped by the registry at import, its probes having found the"
+            f" defect. vLLM {VLLM}: the shim wraps none of them there (the release is right), so"
+            " the wrapper is built as the registry builds it, `registry._wrap` around vLLM's own"
+            " function (found and signature-checked by `registry.resolve`), and put on the class"
+            " only while it is timed: what a wrap would cost there. Reported as measured; no"
+            " target."
+        ),
         "",
-        "| build | case | vLLM ns/call | wrapped ns/call | overhead ns/call | of which a pass-through call | "
-        "10^5 calls |",
+        (
+            "| build | case | vLLM ns/call | wrapped ns/call | overhead ns/call | of which a"
+            " pass-through call | 10^5 calls |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     overhead: dict[tuple[str, str], float] = {}
@@ -511,8 +558,9 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
         for r in report["rows"]:
             extra = overhead[report["build"], r["case"]] = r["wrapped_ns"] - r["original_ns"]
             lines.append(
-                f"| {build} | {r['case']} | {r['original_ns']:.0f} | {r['wrapped_ns']:.0f} | {extra:+.0f} | "
-                f"{r['passthrough_ns'] - r['original_ns']:+.0f} | {extra * 1e5 / 1e9 * 1e3:.1f} ms |"
+                f"| {build} | {r['case']} | {r['original_ns']:.0f} | {r['wrapped_ns']:.0f} |"
+                f" {extra:+.0f} | {r['passthrough_ns'] - r['original_ns']:+.0f} |"
+                f" {extra * 1e5 / 1e9 * 1e3:.1f} ms |"
             )
 
     def worst(*cases: str, build: str = "") -> float:
@@ -523,16 +571,22 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
     rebuilt = worst("attention spec", "SWA spec", build="standin")
     lines += [
         "",
-        '"of which a pass-through call": the same call through a plain function that only passes it on, what '
-        "any wrapper costs; the shim's wrapper is a plain function too (wrapt serves only the post-import hooks, "
-        "never a call), and the rest of its overhead is the replacement: vLLM's function called through it, "
-        'then the correction. "10^5 calls": the added cost of 10^5 calls of that case, a checkpoint of 10^5 '
-        "names through the remap.",
+        (
+            '"of which a pass-through call": the same call through a plain function that only'
+            " passes it on, what any wrapper costs; the shim's wrapper is a plain function too"
+            " (wrapt serves only the post-import hooks, never a call), and the rest of its overhead"
+            " is the replacement: vLLM's function called through it, then the correction. \"10^5"
+            ' calls": the added cost of 10^5 calls of that case, a checkpoint of 10^5 names through'
+            " the remap."
+        ),
         "",
-        "The shim keeps nothing between calls: on the reported build every call of a spec function for an "
-        "`fp8_ds_mla` layer rebuilds the spec (`dataclasses.replace` and a check of the result), and the stand-in "
-        'rows marked "rebuilt every call" are that cost, paid on every call. Each spec function is called once '
-        f"per layer, about 60 times per process: at the slowest {rebuilt * 60 / 1e3:.0f} µs per process.",
+        (
+            "The shim keeps nothing between calls: on the reported build every call of a spec"
+            " function for an `fp8_ds_mla` layer rebuilds the spec (`dataclasses.replace` and a"
+            ' check of the result), and the stand-in rows marked "rebuilt every call" are that'
+            " cost, paid on every call. Each spec function is called once per layer, about 60"
+            f" times per process: at the slowest {rebuilt * 60 / 1e3:.0f} µs per process."
+        ),
         "",
     ]
     measured = [
@@ -554,12 +608,13 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
     ]
     info += [f"| 3. {label}, overhead per call | {ns:+.0f} ns |" for label, ns in measured]
     info.append(
-        f"| 3. spec functions, the defect corrected, about 60 calls (one process's layers) | "
+        "| 3. spec functions, the defect corrected, about 60 calls (one process's layers) | "
         f"{rebuilt * 60 / 1e3:+.0f} µs |"
     )
     slowest = max(ns for _, ns in measured[:4]) * 1e5 / 1e9
     info.append(
-        f"| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) | {slowest:.3f} s |"
+        "| 3. 10^5 checkpoint names, every one in the slowest remap case (a bound) |"
+        f" {slowest:.3f} s |"
     )
     # A DeepSeek-V4-Flash checkpoint: 43 target layers and 3 draft (mtp) layers of about the same
     # names each. On the reported build the draft's layer names take the defect path; the target's
@@ -574,7 +629,8 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
         / 1e9
     )
     info.append(
-        f"| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) | {mix:.3f} s |"
+        "| 3. 10^5 names of a DeepSeek-V4-Flash checkpoint (3 of 46 layers the draft's) |"
+        f" {mix:.3f} s |"
     )
 
 
@@ -601,23 +657,41 @@ def main() -> int:
     head = [
         "# Benchmarks: what the shim costs",
         "",
-        f"Written by `bench/run.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in "
-        f"{(time.monotonic() - started) / 60:.1f} min. Reproduce from the repository root: `{command}`).",
+        (
+            f"Written by `bench/run.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in"
+            f" {(time.monotonic() - started) / 60:.1f} min. Reproduce from the repository root:"
+            f" `{command}`)."
+        ),
         "",
-        f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average "
-        f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (a shared machine: interleaving puts "
-        "other load on every arm alike).",
-        f"- Dev venv (start-up, stand-in): Python {dev_v['python']}, wrapt {dev_v['wrapt']}, `{shown(dev)}`.",
-        f"- vLLM venv: Python {real_v['python']}, vLLM {real_v['vllm']} (CPU), torch {real_v['torch']}, "
-        f"wrapt {real_v['wrapt']}, `{shown(real)}`.",
-        "- Byte-compiled first: `python -m compileall -q dspark_hotfix sitecustomize.py tests/standin` with each "
-        "interpreter (pip compiles at install; this environment sets PYTHONDONTWRITEBYTECODE=1, so without it "
-        "every process would recompile the shim). `python -v` confirms the start-up modules load from `.pyc`.",
-        "- A = the command with the shim on `PYTHONPATH` and enabled; B = the same command without it. "
-        "Peak RSS is `ru_maxrss` of each child from `os.wait4`.",
-        "- Verdicts are given for the targets alone: a ratio of process-level timings whose point estimate is "
-        'over the limit but whose 90% bootstrap interval reaches below it reads "not resolved: within the noise". '
-        "Everything else is reported as measured.",
+        (
+            f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()}"
+            f" {platform.release()}; load average {load[0]:.2f} at the start,"
+            f" {os.getloadavg()[0]:.2f} at the end (a shared machine: interleaving puts other load"
+            " on every arm alike)."
+        ),
+        (
+            f"- Dev venv (start-up, stand-in): Python {dev_v['python']}, wrapt {dev_v['wrapt']},"
+            f" `{shown(dev)}`."
+        ),
+        (
+            f"- vLLM venv: Python {real_v['python']}, vLLM {real_v['vllm']} (CPU), torch"
+            f" {real_v['torch']}, wrapt {real_v['wrapt']}, `{shown(real)}`."
+        ),
+        (
+            "- Byte-compiled first: `python -m compileall -q dspark_hotfix sitecustomize.py"
+            " tests/standin` with each interpreter (pip compiles at install; this environment sets"
+            " PYTHONDONTWRITEBYTECODE=1, so without it every process would recompile the shim)."
+            " `python -v` confirms the start-up modules load from `.pyc`."
+        ),
+        (
+            "- A = the command with the shim on `PYTHONPATH` and enabled; B = the same command"
+            " without it. Peak RSS is `ru_maxrss` of each child from `os.wait4`."
+        ),
+        (
+            "- Verdicts are given for the targets alone: a ratio of process-level timings whose"
+            " point estimate is over the limit but whose 90% bootstrap interval reaches below it"
+            ' reads "not resolved: within the noise". Everything else is reported as measured.'
+        ),
         "",
         "## Targets",
         "",

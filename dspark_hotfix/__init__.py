@@ -37,11 +37,11 @@ def shown(raw, limit=60):
 
 
 def switch(name, raw, default, what):
-    """An on/off switch's value, and the problem to say, if any: the one reading of ``DSPARK_HOTFIX``
-    (here, in the commands and, for any value but blank, ``1`` and ``0``, at interpreter start) and
-    of ``DSPARK_HOTFIX_STRICT``. Unset or blank (a blank templated variable) is ``default``; any value
-    that is neither a true nor a false word turns ``what`` off, and is said: an A/B arm is never
-    patched by mistake, nor a fleet made strict."""
+    """An on/off switch's value, and the problem to say, if any: the one reading of
+    ``DSPARK_HOTFIX`` (here, in the commands and, for any value but blank, ``1`` and ``0``, at
+    interpreter start) and of ``DSPARK_HOTFIX_STRICT``. Unset or blank (a blank templated variable)
+    is ``default``; any value that is neither a true nor a false word turns ``what`` off, and is
+    said: an A/B arm is never patched by mistake, nor a fleet made strict."""
     word = (raw or "").strip().lower()
     if word in TRUE_WORDS + FALSE_WORDS or not word:
         return word in TRUE_WORDS or (default and not word), None

@@ -102,7 +102,8 @@ NOT_CHAINING = ("opentelemetry-instrument",)
 
 
 def run(command: list[str]) -> int:
-    """Exec ``command`` with our start-up directory first on PYTHONPATH, where the shim will be active in it."""
+    """Exec ``command`` with our start-up directory first on PYTHONPATH, where the shim will be
+    active in it."""
     path = shutil.which(command[0])
     if path is None:
         print(f"dspark-hotfix run: {command[0]}: command not found", file=sys.stderr)
@@ -131,7 +132,8 @@ def run(command: list[str]) -> int:
         )
         if proc.returncode != 0:
             why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
-            wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"  # no index carries it: no bare name
+            # no index carries it: no bare name
+            wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"
             hint = (
                 f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
             )

@@ -21,13 +21,14 @@ WRAPT_RANGE = f"{WRAPT_OLDEST[0]}.{WRAPT_OLDEST[1]} to {WRAPT_NEWEST_MAJOR}.x"
 
 
 def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[str], str | None]:
-    """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude, and the warning to say.
+    """``DSPARK_HOTFIX_PATCHES``: names to enable, or ``-name`` entries to exclude, and the warning
+    to say.
 
-    Names are case-insensitive. Unset or blank: every patch. Plain names select exactly those patches;
-    with exclusions only, every other patch stays on. Anything else is warned about once, with what it
-    selects then: unknown names and empty entries are ignored (if nothing usable is left, every patch
-    stays on: a typo must not turn the fix off); of names mixed with exclusions, the names less the
-    excluded ones.
+    Names are case-insensitive. Unset or blank: every patch. Plain names select exactly those
+    patches; with exclusions only, every other patch stays on. Anything else is warned about once,
+    with what it selects then: unknown names and empty entries are ignored (if nothing usable is
+    left, every patch stays on: a typo must not turn the fix off); of names mixed with exclusions,
+    the names less the excluded ones.
     """
     names = tuple(known)
     entries = [entry.strip().lower() for entry in raw.split(",")] if raw and raw.strip() else []

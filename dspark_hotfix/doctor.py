@@ -1,4 +1,5 @@
-"""``dspark-hotfix status`` and ``doctor``: what the shim does here, and will it be active where it is needed?
+"""``dspark-hotfix status`` and ``doctor``: what the shim does here, and will it be active where it
+is needed?
 
 Run doctor inside the serving image, with the environment the server gets,
 before a rollout. Both commands import vLLM's target modules with the registry
@@ -28,8 +29,8 @@ FLAGS = (
 
 
 def few(items: list[str], limit: int = 3) -> list[str]:
-    """At most ``limit`` of ``items``, each quoted as a switch's value is (short), then "... (N more)":
-    doctor's output stays short whatever the environment holds."""
+    """At most ``limit`` of ``items``, each quoted as a switch's value is (short), then "... (N
+    more)": doctor's output stays short whatever the environment holds."""
     more = [f"... ({len(items) - limit} more)"] if len(items) > limit else []
     return [dspark_hotfix.shown(item) for item in items[:limit]] + more
 
@@ -123,7 +124,8 @@ def report(source: str) -> dict[str, Any]:
 
 
 def finish(report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """The report with the problems found beside the registry's: any problem makes the verdict ``problem``."""
+    """The report with the problems found beside the registry's: any problem makes the verdict
+    ``problem``."""
     report["problems"] = list(dict.fromkeys(problems + report["problems"]))
     report["verdict"] = "problem" if report["problems"] else report["verdict"]
     report["exit_code"] = state.exit_code(report)
@@ -139,8 +141,9 @@ def diagnose() -> dict[str, Any]:
     plugin, problems = plugin_state()
     warnings = out["warnings"]
 
-    # The sitecustomize that won, and what ours chained; where a foreign one won and ours did not run,
-    # the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper (opentelemetry-instrument).
+    # The sitecustomize that won, and what ours chained; where a foreign one won and ours did not
+    # run, the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper
+    # (opentelemetry-instrument).
     module = sys.modules.get("sitecustomize")
     ours = hasattr(
         module, "VllmImportWatcher"

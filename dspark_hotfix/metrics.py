@@ -1,11 +1,10 @@
 """The shim's state on vLLM's own ``/metrics``, as three Prometheus gauges.
 
-``dspark_hotfix_info{version,activated_by}`` is 1 in every process where the
-shim is active. ``dspark_hotfix_patch_state{patch,state,stop}`` is 1 for each
-patch's current state, and 0 for each other state (a state set). ``dspark_hotfix_patch_needed{patch,stop}``
-says, once the patch is judged in the process, whether this vLLM needs it: 1,
-0, or -1 where its probe could not tell. ``stop`` is ``true`` for a stop, which
-corrects nothing (docs/OPERATORS.md's alert for guarding pods reads it).
+``dspark_hotfix_info{version,activated_by}`` is 1 in every process where the shim is active.
+``dspark_hotfix_patch_state{patch,state,stop}`` is 1 for each patch's current state, and 0 for each
+other state (a state set). ``dspark_hotfix_patch_needed{patch,stop}`` says, once the patch is judged
+in the process, whether this vLLM needs it: 1, 0, or -1 where its probe could not tell. ``stop`` is
+``true`` for a stop, which corrects nothing (docs/OPERATORS.md's alert for guarding pods reads it).
 
 The values are ``state.judge``'s rows, as everywhere else. :func:`publish` runs
 after each decision, and at each scrape of prometheus_client's default
@@ -35,7 +34,8 @@ _gauges: tuple[Any, ...] | None = None  # info, state, needed: set once made; ()
 
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
     """Set the gauges to the records' states; nothing until ``prometheus_client`` has run. Also
-    wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its import."""
+    wrapt's hook on ``prometheus_client`` (``module``): it runs once the module has run, inside its
+    import."""
     global _gauges
     if module is None and not state.running("prometheus_client"):
         module = sys.modules.get("prometheus_client")
@@ -105,8 +105,9 @@ def _make(module: Any) -> tuple[Any, ...]:
 
 
 class _AtScrape:
-    """The one collector registered: it brings the gauges up to date when scraped, then serves them. Until
-    they are made it names no series, so registering it again (after an interrupt) is harmless."""
+    """The one collector registered: it brings the gauges up to date when scraped, then serves them.
+    Until they are made it names no series, so registering it again (after an interrupt) is
+    harmless."""
 
     args: tuple[str, Iterable[state.Record]] = ("", ())
 

@@ -112,18 +112,20 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def activate(source: str) -> None:
-    """Put the shim's finder in place, then judge every patch whose module is loaded already. The first caller
-    makes the activation; a second caller waits for a registration under way, then completes whatever an
-    interrupt left (``install`` does so before an interrupt goes on): nothing is ever undone. With
-    ``DSPARK_HOTFIX`` off (only ``doctor`` and ``status`` activate then) every patch is judged, none applied."""
+    """Put the shim's finder in place, then judge every patch whose module is loaded already. The
+    first caller makes the activation; a second caller waits for a registration under way, then
+    completes whatever an interrupt left (``install`` does so before an interrupt goes on): nothing
+    is ever undone. With ``DSPARK_HOTFIX`` off (only ``doctor`` and ``status`` activate then) every
+    patch is judged, none applied."""
     global _active
     with state.lock:
         activation = _active = _active or Activation(source)
     with activation.registering:
         _register(activation)
-    # A load under way in another thread (it holds the module's lock, in CPython's private table) ends first, outside
-    # the lock: that thread may wait for this activation, in the start-up hook's loader. A module still running
-    # in this thread is armed (see _register). Its import's own error is vLLM's to meet.
+    # A load under way in another thread (it holds the module's lock, in CPython's private table)
+    # ends first, outside the lock: that thread may wait for this activation, in the start-up hook's
+    # loader. A module still running in this thread is armed (see _register). Its import's own error
+    # is vLLM's to meet.
     locks = sys.modules["importlib._bootstrap"]._module_locks
     for module in (m for m, _ in activation.hooks if m in locks and m not in _stuck):
         with contextlib.suppress(Exception):
@@ -165,7 +167,8 @@ def _register(activation: Activation) -> None:
                 activation, module
             )  # start-up hook's, which run the hooks armed once the module has run
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
-        why = f"wrapt is not usable ({type(exc).__name__}: {exc})"  # said once; strict mode raises at every try
+        # said once; strict mode raises at every try
+        why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
         settled = [
             _set_state(activation, r, FAILED, None, why) for r in activation.records.values()
         ]
@@ -180,13 +183,14 @@ def _register(activation: Activation) -> None:
             )
 
 
-# wrapt's private names, in _register, _after_fork_in_child, _find and _arm (tests/activation/test_wrapt_internals.py
-# holds them to the wrapt releases the project supports): its import hooks' lock and table, its finder and its
-# chained loader. The specs _find gives carry that loader: an ObjectProxy, whose __copy__, __deepcopy__ and
-# __reduce__ (wrapt 1.x: __reduce_ex__ too) raise NotImplementedError, where availability checks copy and
-# pickle specs (the defect the start-up hook's ActivatingLoader is built to avoid). So _register makes a copy or
-# a pickle of it one of the loader it wraps: loading through a copy fires no hook, as through any spec found
-# before the hooks; the proxy itself loads, and fires the hooks, as before.
+# wrapt's private names, in _register, _after_fork_in_child, _find and _arm
+# (tests/activation/test_wrapt_internals.py holds them to the wrapt releases the project supports):
+# its import hooks' lock and table, its finder and its chained loader. The specs _find gives carry
+# that loader: an ObjectProxy, whose __copy__, __deepcopy__ and __reduce__ (wrapt 1.x: __reduce_ex__
+# too) raise NotImplementedError, where availability checks copy and pickle specs (the defect the
+# start-up hook's ActivatingLoader is built to avoid). So _register makes a copy or a pickle of it
+# one of the loader it wraps: loading through a copy fires no hook, as through any spec found before
+# the hooks; the proxy itself loads, and fires the hooks, as before.
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
@@ -198,10 +202,11 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the log line, where it changed, and the gauges. A verdict that exits 1 (``problem``,
-    ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a process's lines
-    (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core after the targets are
-    imported; where that changed since the line, the next report (the plugin's, there) says it again under it."""
+    """After a decision: the log line, where it changed, and the gauges. A verdict that exits 1
+    (``problem``, ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a
+    process's lines (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core
+    after the targets are imported; where that changed since the line, the next report (the
+    plugin's, there) says it again under it."""
     said = before = activation.said
     try:
         with state.lock:
@@ -279,8 +284,9 @@ def _set_state(
     target: tuple[Any, str, Any] | None = None,
     module: Any = None,
 ) -> str | None:
-    """Record the one decision on ``record``, exactly once per module (an import cut short is retried
-    on a new one), where the switches allow it; wrap vLLM's function if it is to be patched."""
+    """Record the one decision on ``record``, exactly once per module (an import cut short is
+    retried on a new one), where the switches allow it; wrap vLLM's function if it is to be patched.
+    """
     with state.lock:
         if record.state != PENDING and module in (
             None,
@@ -324,18 +330,20 @@ def _fail(
 
 
 def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
-    """The shim's finder, ahead of wrapt's on ``sys.meta_path`` from before the first hook: it does wrapt's
-    finder's work for the modules the shim hooks, so that wrapt's is never asked for them.
+    """The shim's finder, ahead of wrapt's on ``sys.meta_path`` from before the first hook: it does
+    wrapt's finder's work for the modules the shim hooks, so that wrapt's is never asked for them.
 
-    For each new load of such a module, it asks the finders after it (but wrapt's) for the spec, with the
-    ``path`` the import system gives, puts the module's hooks back in wrapt's table where wrapt dropped them
-    (it does as it runs them: an import cut short after that would be retried unhooked), and hands the spec
-    wrapt's chained loader, which runs them once the module has run. So a hook is armed whatever ended the
-    module's last import: in strict mode, the hook whose HotfixError failed an import fails every retry of
-    it the same way. wrapt's finder imports the module's parent package with the import lock held: a thread
-    importing a target while another still executes ``vllm`` would wait for it while it waited for the lock.
+    For each new load of such a module, it asks the finders after it (but wrapt's) for the spec,
+    with the ``path`` the import system gives, puts the module's hooks back in wrapt's table where
+    wrapt dropped them (it does as it runs them: an import cut short after that would be retried
+    unhooked), and hands the spec wrapt's chained loader, which runs them once the module has run.
+    So a hook is armed whatever ended the module's last import: in strict mode, the hook whose
+    HotfixError failed an import fails every retry of it the same way. wrapt's finder imports the
+    module's parent package with the import lock held: a thread importing a target while another
+    still executes ``vllm`` would wait for it while it waited for the lock.
 
-    Called with the import lock held, it imports nothing; it takes only wrapt's lock, as wrapt's finder does."""
+    Called with the import lock held, it imports nothing; it takes only wrapt's lock, as wrapt's
+    finder does."""
     if _active is None or fullname in sys.modules:
         return None
     importer, spec = sys.modules["wrapt.importer"], None  # (wrapt's private names: see above)
@@ -360,8 +368,9 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
 
 
 def _arm(activation: Activation, fullname: str) -> None:
-    """Put the module's hooks in wrapt's table, where its loader runs them (and drops them) once the module has
-    run; a hook that is there already is not put there twice. Only wrapt's lock is taken."""
+    """Put the module's hooks in wrapt's table, where its loader runs them (and drops them) once the
+    module has run; a hook that is there already is not put there twice. Only wrapt's lock is taken.
+    """
     importer = sys.modules["wrapt.importer"]
     with importer._post_import_hooks_lock:
         armed = importer._post_import_hooks.setdefault(fullname, [])
@@ -398,8 +407,8 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
 def _wrap(
     activation: Activation, record: Record, original: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """vLLM's function, called with the arguments the patch's arguments step gives, its answer passed through
-    the patch's correction."""
+    """vLLM's function, called with the arguments the patch's arguments step gives, its answer
+    passed through the patch's correction."""
     patch = record.patch
 
     @functools.wraps(original)

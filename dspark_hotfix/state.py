@@ -73,7 +73,8 @@ class Record:
 
 
 def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
-    """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such one)."""
+    """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such
+    one)."""
     owner_name, dot, name = qualname.rpartition(".")
     owner = getattr(module, owner_name, None) if dot else module
     return (

@@ -224,7 +224,8 @@ def flip(hidden: int, info: int) -> float:
 
 
 def info_dims(config: dict) -> int:
-    """The sign dimensions: INFO, or fewer where the model's hidden or shared-expert width is smaller."""
+    """The sign dimensions: INFO, or fewer where the model's hidden or shared-expert width is
+    smaller."""
     return min(
         INFO,
         config["hidden_size"] // 4,
@@ -233,7 +234,8 @@ def info_dims(config: dict) -> int:
 
 
 def construct(config: dict, table: list[dict], stages: int, seed: int, device: str = "cpu") -> dict:
-    """The float value of every tensor of ``table`` (weights before FP8; scales are made by ``quantize``)."""
+    """The float value of every tensor of ``table`` (weights before FP8; scales are made by
+    ``quantize``)."""
     import torch
 
     hidden, vocab, noise = (
@@ -317,7 +319,8 @@ def quantize(weight):
 
 
 def tensors(table: list[dict], values: dict) -> dict:
-    """The checkpoint's tensors in their dtypes: FP8 weights with their ``.scale``, the rest cast."""
+    """The checkpoint's tensors in their dtypes: FP8 weights with their ``.scale``, the rest
+    cast."""
     import torch
 
     names = {e["name"] for e in table}
@@ -397,8 +400,9 @@ def write(args: argparse.Namespace) -> int:
     }
     common.write_json(model_dir / "checkpoint.json", record)
     print(
-        f"checkpoint: {written['tensors']} tensors, {written['bytes'] / 2**30:.2f} GiB in {written['files']} files; "
-        f"draft: {tables['draft_params']} parameters; {record['wall_s']} s",
+        f"checkpoint: {written['tensors']} tensors, {written['bytes'] / 2**30:.2f} GiB in"
+        f" {written['files']} files; draft: {tables['draft_params']} parameters;"
+        f" {record['wall_s']} s",
         flush=True,
     )
     return 0

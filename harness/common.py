@@ -1,4 +1,5 @@
-"""What the harnesses share: the repository's paths, their command lines, their records, the tools they ask.
+"""What the harnesses share: the repository's paths, their command lines, their records, the tools
+they ask.
 
 Standard library only, and Python 3.9 as the GPU machine's own interpreter may be (the
 ``from __future__`` import keeps the annotations unevaluated). Not for harness/e2e_engine.py,
@@ -24,7 +25,8 @@ EVIDENCE = REPO / "docs" / "evidence"
 
 
 def command_line(module: str, doc: str | None) -> tuple[argparse.ArgumentParser, Any]:
-    """The parser of ``python3 -m harness.<module>`` and its steps (subcommands); each step sets ``func``."""
+    """The parser of ``python3 -m harness.<module>`` and its steps (subcommands); each step sets
+    ``func``."""
     parser = argparse.ArgumentParser(
         prog=f"python3 -m harness.{module}",
         description=doc,
@@ -57,7 +59,8 @@ def write_json(path: Path, data: Any) -> None:
 
 def save_results(summary: dict, work: Path, final: Path) -> None:
     """``summary.json`` into the work folder and the output folder, and the whole work folder, every
-    log in it, as ``results.tgz`` in the output folder (the device tool brings back a few files only)."""
+    log in it, as ``results.tgz`` in the output folder (the device tool brings back a few files
+    only)."""
     write_json(work / "summary.json", summary)
     shutil.copy(work / "summary.json", final / "summary.json")
     subprocess.run(["tar", "czf", str(final / "results.tgz"), "-C", str(work), "."], check=False)
@@ -71,11 +74,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-# ----------------------------------------------------------------------------- this machine and the GPU's
+# ----------------------------------------------------------------------------- this machine and the
+# GPU's
 
 
 def keep_out_of_git(folder: Path) -> None:
-    """A staging folder at the repository root that .gitignore does not cover goes into .git/info/exclude."""
+    """A staging folder at the repository root that .gitignore does not cover goes into
+    .git/info/exclude."""
     probe = subprocess.run(
         ["git", "-C", str(REPO), "check-ignore", "-q", f"{folder.name}/x"], check=False
     )
@@ -94,7 +99,8 @@ def keep_out_of_git(folder: Path) -> None:
 
 
 def query(*command: str) -> str | None:
-    """What a tool of the machine (nvidia-smi, nvcc) prints, stripped; None where it is missing or prints nothing."""
+    """What a tool of the machine (nvidia-smi, nvcc) prints, stripped; None where it is missing or
+    prints nothing."""
     if shutil.which(command[0]) is None:
         return None
     return (
@@ -106,9 +112,10 @@ def query(*command: str) -> str | None:
 
 
 def one_patch(arm: str) -> str | None:
-    """``DSPARK_HOTFIX_PATCHES`` of an arm that runs the reverted copy with one patch alone (``only-NAME``)
-    or with every patch but one (``without-NAME``), NAME a patch of ``dspark_hotfix.patches.ALL``; None
-    for any other arm. The shim itself warns of a name it does not know."""
+    """``DSPARK_HOTFIX_PATCHES`` of an arm that runs the reverted copy with one patch alone
+    (``only-NAME``) or with every patch but one (``without-NAME``), NAME a patch of
+    ``dspark_hotfix.patches.ALL``; None for any other arm. The shim itself warns of a name it does
+    not know."""
     for prefix, selection in (("only-", "{}"), ("without-", "-{}")):
         if arm.startswith(prefix) and arm[len(prefix) :]:
             return selection.format(arm[len(prefix) :])

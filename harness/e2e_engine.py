@@ -1,4 +1,5 @@
-"""One vLLM engine of harness.e2e_h200's phases: start it, warm it up, time generations, read metrics.
+"""One vLLM engine of harness.e2e_h200's phases: start it, warm it up, time generations, read
+metrics.
 
 ``harness.e2e_h200 run`` starts this file by its path, once per phase, in a child process with
 the PYTHONPATH of the phase's variant (the repository root on it only for the variants with the
@@ -137,7 +138,8 @@ def _draft_digests(worker) -> dict:
 
 
 def _shim_status(worker) -> object:
-    """dspark_hotfix.status() in the worker that loaded the weights (None: the shim is not loaded there)."""
+    """dspark_hotfix.status() in the worker that loaded the weights (None: the shim is not loaded
+    there)."""
     shim = sys.modules.get("dspark_hotfix")
     return json.loads(json.dumps(shim.status(), default=str)) if shim else None
 

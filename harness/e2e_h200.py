@@ -21,17 +21,18 @@ or of --config, e.g. harness/e2e/config-swa-only.json):
   fixed     the same copy with the shim (repository root on PYTHONPATH): generate, spec metrics
   baseline  unmodified vLLM 0.25.0, no shim: the same generation, for the throughput ratio
   shim      unmodified vLLM 0.25.0 with the shim (repository root on PYTHONPATH)
-  NAME-hma-off  any of them with the hybrid KV cache manager off (disable_hybrid_kv_cache_manager=True):
-            baseline-hma-off dies with the reported RuntimeError; shim-hma-off stops at KV-cache
-            grouping with the shim's kv_cache_groups error
+  NAME-hma-off  any of them with the hybrid KV cache manager off
+            (disable_hybrid_kv_cache_manager=True): baseline-hma-off dies with the reported
+            RuntimeError; shim-hma-off stops at KV-cache grouping with the shim's
+            kv_cache_groups error
 
 With --real the model folder gets harness.checkpoint's weights (written once per machine) and every
 engine loads them (load_format="auto") and records each draft parameter's sha256 and the worker's
 dspark_hotfix.status() (None without the shim). Then also:
 
-  only-NAME / without-NAME   the reverted copy with the shim's patch NAME alone / every patch but NAME
-            (DSPARK_HOTFIX_PATCHES): the report's bugs one at a time (records before these names
-            call them remap-only / no-remap)
+  only-NAME / without-NAME   the reverted copy with the shim's patch NAME alone / every patch
+            but NAME (DSPARK_HOTFIX_PATCHES): the report's bugs one at a time (records before
+            these names call them remap-only / no-remap)
   tolerant / tolerant-fixed   unmodified vLLM 0.25.0 with the shifted remap in a draft loader that
             skips a layer it does not have (TOLERANT), without / with the shim: the silent form
 
@@ -65,8 +66,8 @@ DEPS_LIST = REPO / "harness" / "e2e" / "h200-deps.txt"
 MODEL_CONFIG = REPO / "harness" / "e2e" / "config.json"
 # The engine child, started by its path (see its docstring).
 ENGINE = Path(__file__).resolve().parent / "e2e_engine.py"
-# The last part travels with the tree (9 MiB with e2e/jit-cache.tar.xz) and .e2e/serve, under a call's 64 MiB:
-# 327 MiB in parts of 60 MiB at most was 6 of 54.5, which left that call 0.4 MiB.
+# The last part travels with the tree (9 MiB with e2e/jit-cache.tar.xz) and .e2e/serve, under a
+# call's 64 MiB: 327 MiB in parts of 60 MiB at most was 6 of 54.5, which left that call 0.4 MiB.
 PART_BYTES = 48 * 1024 * 1024
 DEVICE_ROOT = Path("/tmp/dspark-e2e")
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [
@@ -110,9 +111,11 @@ TOLERANT = (
     (
         "vllm/models/deepseek_v4/nvidia/dspark.py",
         "            name = mapped\n",
-        "            name = mapped\n"
-        '            if name.startswith("model.layers.") and int(name.split(".")[2]) >= len(self.model.layers):\n'
-        "                continue  # tolerant: a layer this draft does not have\n",
+        (
+            '            name = mapped\n            if name.startswith("model.layers.") and'
+            ' int(name.split(".")[2]) >= len(self.model.layers):\n                continue  #'
+            " tolerant: a layer this draft does not have\n"
+        ),
     ),
 )
 
@@ -126,7 +129,8 @@ def _download(spec: str) -> None:
     subprocess.run(
         [
             sys.executable,
-            *"-m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp".split(),
+            *"-m pip download -q --no-deps --only-binary=:all: --python-version 3.12"
+            " --implementation cp".split(),
             *platform_args,
             "-d",
             str(WHEELS),
@@ -256,7 +260,8 @@ def unpack(log) -> dict:
         log,
         [
             sys.executable,
-            *"-m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target".split(),
+            *"-m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
+            " --target".split(),
             str(deps),
             *wheels,
         ],
@@ -402,7 +407,8 @@ def run_engine(
 
 
 def _log_facts(text: str, exit_code: object) -> dict:
-    """What an engine's log says: the shim's lines and, for an engine that failed, the first error."""
+    """What an engine's log says: the shim's lines and, for an engine that failed, the first
+    error."""
     loaded = re.findall(r"DSpark draft model loaded: (\d+) params", text)
     return {
         "shim_lines": _shim_lines(text),
@@ -412,7 +418,8 @@ def _log_facts(text: str, exit_code: object) -> dict:
 
 
 def _shim_lines(text: str) -> list[str]:
-    """The shim's own log lines: its logger's name in brackets, or the older ``dspark_hotfix[`` prefix."""
+    """The shim's own log lines: its logger's name in brackets, or the older ``dspark_hotfix[``
+    prefix."""
     return [
         line
         for line in text.splitlines()
@@ -598,13 +605,22 @@ def _restore_cache() -> dict:
 # What an engine imports on the way (each checked on its own, so one run lists every gap).
 PREFLIGHT = (
     "import vllm.entrypoints.llm",
-    "from vllm.model_executor.layers.quantization import get_quantization_config as g; g('deepseek_v4_fp8')",
+    (
+        "from vllm.model_executor.layers.quantization import get_quantization_config as g;"
+        " g('deepseek_v4_fp8')"
+    ),
     "import vllm.models.deepseek_v4.nvidia.model, vllm.models.deepseek_v4.nvidia.dspark",
     "import vllm.model_executor.kernels.mhc.tilelang",
     "import vllm.v1.engine.core, vllm.v1.worker.gpu_worker",
     "import vllm.v1.worker.gpu.model_runner, vllm.v1.worker.gpu.spec_decode.dspark.speculator",
-    "from vllm.utils.deep_gemm import _import_deep_gemm as i; assert i() is not None, 'no deep_gemm'",
-    "import cutlass, cutlass.cute, quack.compile_utils, cuda.bindings.driver; print('cutlass', cutlass.__file__)",
+    (
+        "from vllm.utils.deep_gemm import _import_deep_gemm as i; assert i() is not None, 'no"
+        " deep_gemm'"
+    ),
+    (
+        "import cutlass, cutlass.cute, quack.compile_utils, cuda.bindings.driver; print('cutlass',"
+        " cutlass.__file__)"
+    ),
     "import vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
     "import wrapt, dspark_hotfix; print('wrapt', wrapt.__version__)",
 )
@@ -612,12 +628,10 @@ PREFLIGHT = (
 
 def _preflight(out: Path) -> dict:
     code = (
-        "import json, sys, traceback\nfailed = []\n"
-        f"for stmt in {list(PREFLIGHT)!r}:\n"
-        "    try:\n        exec(stmt, {})\n"
-        "    except BaseException as exc:\n"
-        "        failed.append(f'{stmt}: {type(exc).__name__}: {exc}')\n        traceback.print_exc()\n"
-        "print('PREFLIGHT', json.dumps(failed))\n"
+        f"import json, sys, traceback\nfailed = []\nfor stmt in {list(PREFLIGHT)!r}:\n    try:\n   "
+        "     exec(stmt, {})\n    except BaseException as exc:\n       "
+        " failed.append(f'{stmt}: {type(exc).__name__}: {exc}')\n       "
+        " traceback.print_exc()\nprint('PREFLIGHT', json.dumps(failed))\n"
     )
     started = time.monotonic()
     env = variant_env("fixed")
@@ -672,7 +686,8 @@ def collect(args: argparse.Namespace) -> int:
 
 
 def _ratio(runs: list[dict]) -> dict:
-    """Generation throughput, reverted copy with the shim over unmodified vLLM, and whether both did the same work.
+    """Generation throughput, reverted copy with the shim over unmodified vLLM, and whether both did
+    the same work.
 
     The rate is that of one whole `generate` call (32 prompts, prefill included), the median over
     every timed repetition of the engines that started on a warm JIT cache: an engine that starts
@@ -707,7 +722,8 @@ def _ratio(runs: list[dict]) -> dict:
             "median_fixed": fixed,
             "median_baseline": base,
             "fixed_over_baseline": round(fixed / base, 4),
-            # The same tokens and the same spec-decode counts in every completed engine of both arms.
+            # The same tokens and the same spec-decode counts in every completed engine of both
+            # arms.
             "same_work": len(work["fixed"] | work["baseline"]) == 1 and all(work.values()),
         }
     )

@@ -21,7 +21,8 @@ Servers (every one `vllm serve MODEL --load-format dummy --kv-cache-dtype fp8 --
 for the --arms servers; the bench servers capture CUDA graphs, as the report runs vLLM;
 at N > 1 all-reduces go through NCCL alone, NVLink multicast off, as a shared host requires):
 
-  bug               the reverted copy, `DSPARK_HOTFIX=0 dspark-hotfix run -- vllm serve ...`: never ready
+  bug               the reverted copy, `DSPARK_HOTFIX=0 dspark-hotfix run -- vllm serve ...`:
+                    never ready
   fixed-launcher    the reverted copy, `dspark-hotfix run -- vllm serve ...` (the wheel installed)
   fixed-plugin      the reverted copy, `vllm serve ...`: the wheel installed, nothing on PYTHONPATH
                     but the packages, so only vLLM's plugin loader can activate the shim
@@ -33,18 +34,18 @@ With --real the servers load harness.checkpoint's weights (no --load-format dumm
 only-NAME, without-NAME (the patch NAME of dspark_hotfix.patches.ALL alone, or every patch but it),
 tolerant and tolerant-plugin are there too (ARMS below says what each runs).
 
-`--arms` are each started, probed (the openai client on /v1/completions, /metrics) and stopped,
-one after another. `--bench A,B` starts both servers side by side (each with 40% of the GPU),
-probes them, warms each up with the benchmark's own load (one seed: every run sends the same
-prompts) until a run adds nothing to the JIT caches, then runs vLLM's benchmark client
+`--arms` are each started, probed (the openai client on /v1/completions, /metrics) and stopped, one
+after another. `--bench A,B` starts both servers side by side (each with 40% of the GPU), probes
+them, warms each up with the benchmark's own load (one seed: every run sends the same prompts) until
+a run adds nothing to the JIT caches, then runs vLLM's benchmark client
 (`vllm.benchmarks.serve.main`, what `vllm bench serve` calls) against them in turn, A B / B A ...
 The client and each server run on cores of their own, and each run records what it cost: engine
-steps, CPU seconds per process, the host's stolen time, the GPU's clock. `--keep-servers` leaves
-the bench servers running when the call ends, and the next call's `--attach` benchmarks the same
-processes on (a machine stays warm for 30 s between calls; a CUDA-graph server takes minutes to start).
-With --real, `--bench tolerant,tolerant-plugin` measures the silent form: the plugin against the
-tolerant build without the shim (REFERENCES), acceptance by draft position, and every run's whole
-/metrics appended to metrics-ARM.prom (what an SRE's Prometheus would have scraped).
+steps, CPU seconds per process, the host's stolen time, the GPU's clock. `--keep-servers` leaves the
+bench servers running when the call ends, and the next call's `--attach` benchmarks the same
+processes on (a machine stays warm for 30 s between calls; a CUDA-graph server takes minutes to
+start). With --real, `--bench tolerant,tolerant-plugin` measures the silent form: the plugin against
+the tolerant build without the shim (REFERENCES), acceptance by draft position, and every run's
+whole /metrics appended to metrics-ARM.prom (what an SRE's Prometheus would have scraped).
 
 Every server process writes the shim's call counts (dspark_hotfix.status()) when the harness asks:
 at ready, before any request, and again after the probe or the benchmark (COUNTS_HOOK, started by a
@@ -99,7 +100,8 @@ PROBE_TOKENS = 32
 # run, and the same prompts gave median ITLs of 34 to 53 ms.
 # 128 at 128 (calls 49 to 52), with CUDA graphs: a bigger batch, to give the GPU the work. 32 at 32
 # in eager mode (call 47) kept the engine core's CPU core busy for the whole run, and that core's
-# speed drifted by itself (call 48); call 52's graph runs used 0.39 to 0.53 of it (runs that compiled).
+# speed drifted by itself (call 48); call 52's graph runs used 0.39 to 0.53 of it (runs that
+# compiled).
 BENCH = {"input": 128, "output": 256, "prompts": 128, "concurrency": 128}
 
 
@@ -151,11 +153,13 @@ def prepare(_: argparse.Namespace) -> int:
 
 
 def install(e2e, log) -> dict:
-    """The serve wheels and this project's wheel, each in a folder of its own, and the counts hook."""
+    """The serve wheels and this project's wheel, each in a folder of its own, and the counts
+    hook."""
     root = e2e.DEVICE_ROOT
     carried = REPO / ".e2e" / "serve"
     serve_deps, shim_site, bin_dir = root / "serve-deps", root / "shim-site", root / "serve-bin"
-    # the interpreter's own site directory: the servers run this interpreter (the `vllm` script below)
+    # the interpreter's own site directory: the servers run this interpreter (the `vllm` script
+    # below)
     hook = install_counts_hook(Path(sysconfig.get_paths()["purelib"]), root / "counts-hook")
     if (root / KEPT).is_file() and (
         shim_site / "dspark_hotfix"
@@ -184,7 +188,8 @@ def install(e2e, log) -> dict:
         ],
         check=True,
     )
-    # The `vllm` command as vLLM's wheel declares it (console_scripts: vllm.entrypoints.cli.main:main).
+    # The `vllm` command as vLLM's wheel declares it (console_scripts:
+    # vllm.entrypoints.cli.main:main).
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "vllm"
     script.write_text(
@@ -238,6 +243,7 @@ COUNTS_ENV = "SERVE_H200_COUNTS"
 COUNTS_HOOK = r"""
 import json, os, sys, threading, time
 
+
 def _watch(folder):
     trigger, done = os.path.join(folder, "trigger"), set()
     while True:
@@ -259,20 +265,30 @@ def _watch(folder):
                 comm = handle.read().strip()
         except OSError:
             comm = None
-        record = {"pid": os.getpid(), "label": label, "comm": comm, "argv": sys.argv[:3],
-                  "hooks": sum(t.name == "serve-h200-counts" for t in threading.enumerate()),
-                  "status": shim.status() if shim is not None else None}
+        record = {
+            "pid": os.getpid(),
+            "label": label,
+            "comm": comm,
+            "argv": sys.argv[:3],
+            "hooks": sum(t.name == "serve-h200-counts" for t in threading.enumerate()),
+            "status": shim.status() if shim is not None else None,
+        }
         path = os.path.join(folder, f"{label}-{os.getpid()}.json")
         with open(path + ".tmp", "w") as handle:
             json.dump(record, handle)
         os.replace(path + ".tmp", path)
 
+
 # One watcher a process: a site directory's .pth files can run more than once in one process (any
 # code that calls site.addsitedir() on it runs them again); on the H200 two watchers in one process
 # raced for the same file (call 52).
 if not any(t.name == "serve-h200-counts" for t in threading.enumerate()):
-    threading.Thread(target=_watch, args=(os.environ["SERVE_H200_COUNTS"],), name="serve-h200-counts",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch,
+        args=(os.environ["SERVE_H200_COUNTS"],),
+        name="serve-h200-counts",
+        daemon=True,
+    ).start()
 """
 
 
@@ -339,7 +355,8 @@ ONE_PATCH = ("vllm-rev", True, False, None)  # only-NAME, without-NAME: harness.
 
 
 def arm_env(e2e, arm: str | None) -> tuple[dict[str, str], list[str]]:
-    """The environment and the command prefix of an arm; ``None``: the clients' (no vLLM tree, no shim)."""
+    """The environment and the command prefix of an arm; ``None``: the clients' (no vLLM tree, no
+    shim)."""
     root = e2e.DEVICE_ROOT
     tree, shim, launcher, switch = (
         (ONE_PATCH if one_patch(arm) else ARMS[arm]) if arm else (None, False, False, None)
@@ -388,8 +405,8 @@ def serve_command(
     eager: bool = True,
     real: bool = False,
 ) -> list[str]:
-    """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short starts;
-    ``real``: the model folder's weights (harness.checkpoint), not --load-format dummy."""
+    """The report's flags; ``eager``: --enforce-eager (no CUDA graphs, no torch.compile), short
+    starts; ``real``: the model folder's weights (harness.checkpoint), not --load-format dummy."""
     command = ["vllm", "serve", str(model_dir), *([] if real else ["--load-format", "dummy"])]
     command += "--kv-cache-dtype fp8 --block-size 256".split()
     command += [
@@ -435,7 +452,8 @@ class Server:
         self.counts = out / "counts" / label
         self.counts.mkdir(parents=True, exist_ok=True)
         env, prefix = arm_env(e2e, arm)
-        # relax, vLLM's default: DeepGEMM compiles its kernels for every M at start-up, not while serving
+        # relax, vLLM's default: DeepGEMM compiles its kernels for every M at start-up, not while
+        # serving
         env["VLLM_DEEP_GEMM_WARMUP"] = args.deep_gemm_warmup
         env[COUNTS_ENV] = str(self.counts)
         real = getattr(args, "real", False) if real is None else real
@@ -578,7 +596,8 @@ class Server:
         return found
 
     def stop(self) -> None:
-        """SIGINT to the server's process group, SIGKILL if any of it (the engine core too) outlives 40 s."""
+        """SIGINT to the server's process group, SIGKILL if any of it (the engine core too) outlives
+        40 s."""
         for sig, grace in ((signal.SIGINT, 40), (signal.SIGKILL, 20)):
             if not self._signal(sig):
                 break
@@ -607,7 +626,8 @@ class Server:
 
 
 def log_facts(text: str) -> dict:
-    """What a server's log says: its processes, the shim's lines (with their pids), the first error."""
+    """What a server's log says: its processes, the shim's lines (with their pids), the first
+    error."""
     names: dict[
         str, str
     ] = {}  # pid -> the last name its lines carry (a worker: `Worker`, then `Worker_TP0`)
@@ -631,19 +651,33 @@ def log_facts(text: str) -> dict:
             {int(p) for line in summaries for p in re.findall(r"\(pid (\d+)\)", line)}
         ),
         "first_error": errors[0][:400] if errors else None,
-        "reported_error": "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
-        in text,
+        "reported_error": (
+            "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+            in text
+        ),
     }
 
 
 PROBE = r"""
 import hashlib, json, re, sys, urllib.request
 import openai
-port, out, prompts, max_tokens = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+
+port, out, prompts, max_tokens = (
+    int(sys.argv[1]),
+    sys.argv[2],
+    json.loads(sys.argv[3]),
+    int(sys.argv[4]),
+)
 client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 model = client.models.list().data[0].id
-reply = client.completions.create(model=model, prompt=prompts, max_tokens=max_tokens, temperature=0.0, seed=0,
-                                  extra_body={"ignore_eos": True})
+reply = client.completions.create(
+    model=model,
+    prompt=prompts,
+    max_tokens=max_tokens,
+    temperature=0.0,
+    seed=0,
+    extra_body={"ignore_eos": True},
+)
 texts = [c.text for c in sorted(reply.choices, key=lambda c: c.index)]
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
 spec, by_position = {}, {}
@@ -653,11 +687,22 @@ for line in metrics.splitlines():
         spec[name] = spec.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         position = re.search(r'position="(\d+)"', line)
         if position:
-            by_position[position[1]] = by_position.get(position[1], 0.0) + float(line.rsplit(" ", 1)[1])
-json.dump({"model": model, "openai": openai.__version__, "completion_tokens": reply.usage.completion_tokens,
-           "texts_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(),
-           "texts_head": [t[:160] for t in texts[:2]], "spec_decode_metrics": spec,
-           "accepted_by_position": by_position}, open(out, "w"), indent=2)
+            by_position[position[1]] = by_position.get(position[1], 0.0) + float(
+                line.rsplit(" ", 1)[1]
+            )
+json.dump(
+    {
+        "model": model,
+        "openai": openai.__version__,
+        "completion_tokens": reply.usage.completion_tokens,
+        "texts_sha256": hashlib.sha256(json.dumps(texts).encode()).hexdigest(),
+        "texts_head": [t[:160] for t in texts[:2]],
+        "spec_decode_metrics": spec,
+        "accepted_by_position": by_position,
+    },
+    open(out, "w"),
+    indent=2,
+)
 """
 
 
@@ -682,8 +727,10 @@ def probe(e2e, server: Server, out: Path) -> dict:
     )
     if proc.returncode or not target.is_file():
         return {
-            "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-            or [f"exit {proc.returncode}"]
+            "error": (
+                (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+                or [f"exit {proc.returncode}"]
+            )
         }
     return json.loads(target.read_text())
 
@@ -693,6 +740,7 @@ import json, os, resource, sys, time, urllib.request
 from pathlib import Path
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+
 plan, out = json.loads(sys.argv[1]), sys.argv[2]
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
@@ -701,10 +749,15 @@ load = plan["load"]
 if plan.get("client_cpus"):
     os.sched_setaffinity(0, plan["client_cpus"])
 
+
 def engine_steps(port):  # vLLM counts every engine step in its tokens-per-step histogram
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:iteration_tokens_total_count"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:iteration_tokens_total_count")
+    )
+
 
 def group_cpu(pgid):  # CPU seconds of each process of a server's process group, by name
     used, tick = {}, os.sysconf("SC_CLK_TCK")
@@ -719,47 +772,116 @@ def group_cpu(pgid):  # CPU seconds of each process of a server's process group,
             used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return used
 
+
 def host_cpu():  # /proc/stat's cpu line: user nice system idle iowait irq softirq steal
     return [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+
 
 def client_cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
-def scrape(arm, tag):  # the server's whole /metrics, as Prometheus scrapes it: one file per arm, appended
+
+def scrape(
+    arm, tag
+):  # the server's whole /metrics, as Prometheus scrapes it: one file per arm, appended
     if plan.get("metrics_dir"):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{arm['port']}/metrics", timeout=30).read().decode()
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{arm['port']}/metrics", timeout=30)
+            .read()
+            .decode()
+        )
         with open(os.path.join(plan["metrics_dir"], f"metrics-{arm['arm']}.prom"), "a") as handle:
             handle.write(f"# scrape arm={arm['arm']} {tag} epoch={time.time():.3f}\n{text}")
 
-def compiles(log):  # what a server compiled while serving: files its JIT caches gained, and TileLang's log lines
+
+def compiles(
+    log,
+):  # what a server compiled while serving: files its JIT caches gained, and TileLang's log lines
     text = open(log, errors="replace").read()
-    return sum(1 for _ in Path(plan["jit_cache"]).rglob("*")) + text.count("TileLang begins to compile")
+    return sum(1 for _ in Path(plan["jit_cache"]).rglob("*")) + text.count(
+        "TileLang begins to compile"
+    )
+
 
 def one(arm, phase, rep):
-    argv = ["--backend", "vllm", "--host", "127.0.0.1", "--port", str(arm["port"]), "--model", plan["model"],
-            "--tokenizer", plan["model"], "--dataset-name", "random", "--random-input-len", str(load["input"]),
-            "--random-output-len", str(load["output"]), "--num-prompts", str(load["prompts"]),
-            "--max-concurrency", str(load["concurrency"]), "--request-rate", "inf", "--ignore-eos",
-            "--temperature", "0", "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"]
+    argv = [
+        "--backend",
+        "vllm",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(arm["port"]),
+        "--model",
+        plan["model"],
+        "--tokenizer",
+        plan["model"],
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(load["input"]),
+        "--random-output-len",
+        str(load["output"]),
+        "--num-prompts",
+        str(load["prompts"]),
+        "--max-concurrency",
+        str(load["concurrency"]),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+    ]
     before, started, t0 = compiles(arm["log"]), time.strftime("%H:%M:%S"), time.monotonic()
-    steps, server, host, client, epoch = (engine_steps(arm["port"]), group_cpu(arm.get("pgid")), host_cpu(),
-                                          client_cpu(), time.time())
+    steps, server, host, client, epoch = (
+        engine_steps(arm["port"]),
+        group_cpu(arm.get("pgid")),
+        host_cpu(),
+        client_cpu(),
+        time.time(),
+    )
     result = main(parser.parse_args(argv))
     compiled = compiles(arm["log"]) - before
-    keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) or k.startswith("spec_decode")}
+    keep = {
+        k: v
+        for k, v in result.items()
+        if isinstance(v, (int, float, str)) or k.startswith("spec_decode")
+    }
     host = [b - a for a, b in zip(host, host_cpu())]
     # what the run cost: engine steps (the batches the scheduler made), CPU seconds per process of
     # the server and of this client, the host's busy and stolen shares, its span for the GPU samples
-    cost = {"engine_steps": engine_steps(arm["port"]) - steps, "client_cpu_s": round(client_cpu() - client, 2),
-            "server_cpu_s": {k: round(v - server.get(k, 0.0), 2) for k, v in group_cpu(arm.get("pgid")).items()},
-            "host_busy": round(1 - (host[3] + host[4]) / max(1, sum(host)), 4),
-            "host_steal": round(host[7] / max(1, sum(host)), 4), "epoch": [round(epoch, 2), round(time.time(), 2)]}
+    cost = {
+        "engine_steps": engine_steps(arm["port"]) - steps,
+        "client_cpu_s": round(client_cpu() - client, 2),
+        "server_cpu_s": {
+            k: round(v - server.get(k, 0.0), 2) for k, v in group_cpu(arm.get("pgid")).items()
+        },
+        "host_busy": round(1 - (host[3] + host[4]) / max(1, sum(host)), 4),
+        "host_steal": round(host[7] / max(1, sum(host)), 4),
+        "epoch": [round(epoch, 2), round(time.time(), 2)],
+    }
     scrape(arm, f"after={phase}-{rep}")
-    records.append({"arm": arm["arm"], "phase": phase, "rep": rep, "started": started, "jit_compiles": compiled,
-                    "wall_s": round(time.monotonic() - t0, 2), "load": load, "result": keep, "cost": cost})
+    records.append(
+        {
+            "arm": arm["arm"],
+            "phase": phase,
+            "rep": rep,
+            "started": started,
+            "jit_compiles": compiled,
+            "wall_s": round(time.monotonic() - t0, 2),
+            "load": load,
+            "result": keep,
+            "cost": cost,
+        }
+    )
     json.dump(records, open(out, "w"), indent=2)
     return compiled
+
 
 for arm in plan["arms"]:  # the counters as this call found them, before any of its runs
     scrape(arm, "before=call")
@@ -767,8 +889,13 @@ for arm in plan["arms"]:  # warm up each server until a whole run of the load co
     for index in range(plan["max_warmups"]):
         if one(arm, "warmup", 100 + index) == 0 or time.time() > plan["warmups_end"]:
             break
-first, pair_s = plan.get("first_rep", 0), 0.0  # a later call on the same servers numbers its pairs on
-for rep in range(first, first + plan["reps"]):  # then A B, B A, A B ...: neither arm always goes first
+first, pair_s = (
+    plan.get("first_rep", 0),
+    0.0,
+)  # a later call on the same servers numbers its pairs on
+for rep in range(
+    first, first + plan["reps"]
+):  # then A B, B A, A B ...: neither arm always goes first
     if plan.get("end") and time.time() + 1.2 * pair_s > plan["end"]:
         break  # only whole pairs
     t0 = time.monotonic()
@@ -891,7 +1018,8 @@ def gpu_during(runs: list[dict], samples: str) -> None:
             }
 
 
-KEPT = "bench-servers.json"  # in the device root: the bench servers a call left running (--keep-servers)
+# in the device root: the bench servers a call left running (--keep-servers)
+KEPT = "bench-servers.json"
 
 
 def _bench(
@@ -912,7 +1040,8 @@ def _bench(
     }
     kept_path = e2e.DEVICE_ROOT / KEPT
     kept = json.loads(kept_path.read_text()) if args.attach and kept_path.is_file() else None
-    # CUDA graphs, as the report runs vLLM (calls 49 on); --bench-eager: --enforce-eager (calls 41 to 47)
+    # CUDA graphs, as the report runs vLLM (calls 49 on); --bench-eager: --enforce-eager (calls 41
+    # to 47)
     eager = args.bench_eager
     try:
         if (
@@ -948,8 +1077,8 @@ def _bench(
         for server in servers:
             if server.record.get("outcome") == "ready":
                 continue
-            # a server an earlier call kept was still starting: it gets this call's whole budget (call 50
-            # gave it --ready-timeout and stopped it while it captured CUDA graphs)
+            # a server an earlier call kept was still starting: it gets this call's whole budget
+            # (call 50 gave it --ready-timeout and stopped it while it captured CUDA graphs)
             left = deadline - time.monotonic() - 60
             if (
                 server.wait_ready(
@@ -987,7 +1116,8 @@ def _bench(
         sampler = subprocess.Popen(
             [
                 "nvidia-smi",
-                *"--query-gpu=timestamp,clocks.sm,power.draw -i 0 --format=csv,noheader,nounits -lms 500".split(),
+                *"--query-gpu=timestamp,clocks.sm,power.draw -i 0 --format=csv,noheader,nounits"
+                " -lms 500".split(),
             ],
             stdout=gpu_csv,
             stderr=subprocess.DEVNULL,
@@ -1073,10 +1203,13 @@ def _print(record: dict, log_path: Path | None = None) -> None:
 
 DRIFT_CHILD = r"""
 import json, os, sys, time
+
 core, seconds = int(sys.argv[1]), float(sys.argv[2])
 os.sched_setaffinity(0, [core])
 slices, end = [], time.time() + seconds
-while time.time() < end:  # the same pure-Python work again and again: its speed is this core's speed
+while (
+    time.time() < end
+):  # the same pure-Python work again and again: its speed is this core's speed
     t0, x = time.perf_counter(), 0
     for i in range(100_000):
         x += i * i % 7
@@ -1086,7 +1219,8 @@ print(json.dumps(slices))
 
 
 def drift_figures(rates: list[list[float]]) -> dict:
-    """Two cores' rates, window by window: each one's spread, the spread of their ratio, their correlation."""
+    """Two cores' rates, window by window: each one's spread, the spread of their ratio, their
+    correlation."""
     first, second = rates
     return {
         "rates": rates,
@@ -1131,10 +1265,30 @@ def cpu_drift(args: argparse.Namespace) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- the figures (here and there)
+# ----------------------------------------------------------------------------- the figures (here
+# and there)
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093}  # fmt: skip
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+}
 
 
 def _interval(ratios: list[float]) -> dict:
@@ -1178,8 +1332,8 @@ def _spec(run: dict) -> dict:
 
 
 def bench_ratio(runs: list[dict]) -> dict:
-    """Output throughput of the fixed arm over the reference arm (baseline, or tolerant: REFERENCES),
-    from the timed repetitions.
+    """Output throughput of the fixed arm over the reference arm (baseline, or tolerant:
+    REFERENCES), from the timed repetitions.
 
     Repetition k of the two arms ran back to back (A B, then B A, ...), so each k gives one
     ratio: the figure is their mean, with a 95% Student-t interval. A pair in which either server
@@ -1245,14 +1399,16 @@ def bench_ratio(runs: list[dict]) -> dict:
         },
         **({"acceptance_by_position": _by_position(per_arm)} if extra else {}),
         "failed": sum(int(r["result"].get("failed", 0)) for r in timed),
-        # the same prompts in both servers of a pair: the same drafts and accepted tokens, or the shim changed decoding
+        # the same prompts in both servers of a pair: the same drafts and accepted tokens, or the
+        # shim changed decoding
         "pairs_with_the_same_spec_decode": sum(_spec(a) == _spec(b) for a, b in pairs),
         "completed": {
             arm: sorted({r["result"].get("completed") for r in rs}, key=str)
             for arm, rs in per_arm.items()
         },
-        # what bounded the runs: the engine core's CPU seconds over the run's duration (1.0: one core
-        # busy the whole run), the GPU's SM clock and power; [lowest, highest] over an arm's timed runs
+        # what bounded the runs: the engine core's CPU seconds over the run's duration (1.0: one
+        # core busy the whole run), the GPU's SM clock and power; [lowest, highest] over an arm's
+        # timed runs
         "bounds": {arm: _bounds(rs) for arm, rs in per_arm.items()},
     }
 
@@ -1291,7 +1447,8 @@ def _bounds(runs: list[dict]) -> dict:
 
 def shim_calls(record: dict) -> dict | None:
     """A server's shim counts: its processes (from the log) and those that answered at each reading,
-    the calls per patch at ready (the start-up's), and what every later reading added, per process."""
+    the calls per patch at ready (the start-up's), and what every later reading added, per process.
+    """
     readings = record.get("shim_calls")
     if not readings or "ready" not in readings:
         return None
@@ -1386,8 +1543,8 @@ def figures(sessions: list[dict]) -> dict:
     metrics: dict[str, dict] = {}
     for session in sessions:
         for s in session["summary"].get("servers", []):
-            # CUDA graphs compute in another order than eager kernels, and the weights are dummy: the
-            # greedy tokens differ, so graph servers are compared with each other
+            # CUDA graphs compute in another order than eager kernels, and the weights are dummy:
+            # the greedy tokens differ, so graph servers are compared with each other
             tp = f"tp{session['summary'].get('tp', 1)}" + (
                 "" if "--enforce-eager" in s["command"] else "-cudagraph"
             )
@@ -1436,7 +1593,8 @@ def figures(sessions: list[dict]) -> dict:
         for session in sessions
         if session["summary"].get("bench_runs")
     }
-    # calls on the same servers (--keep-servers, --attach) number their pairs on: one figure over all
+    # calls on the same servers (--keep-servers, --attach) number their pairs on: one figure over
+    # all
     joined: dict[str, list[dict]] = {}
     for session in sessions:
         if session["summary"].get("bench_runs") and session["summary"].get("bench_servers"):
@@ -1481,8 +1639,10 @@ def main() -> int:
         "--deep-gemm-warmup",
         choices=("relax", "skip"),
         default="relax",
-        help="VLLM_DEEP_GEMM_WARMUP of every server: relax (vLLM's default) compiles DeepGEMM's "
-        "kernels at start-up; skip compiles them while serving (calls 33 to 44)",
+        help=(
+            "VLLM_DEEP_GEMM_WARMUP of every server: relax (vLLM's default) compiles DeepGEMM's "
+            "kernels at start-up; skip compiles them while serving (calls 33 to 44)"
+        ),
     )
     on_gpu.add_argument(
         "--gpu-share", type=float, default=0.5, help="--gpu-memory-utilization of an --arms server"
@@ -1519,7 +1679,10 @@ def main() -> int:
         "--min-phase",
         type=float,
         default=200.0,
-        help="start no server with less time left (one takes 90 to 180 s to be ready, calls 39 to 44)",
+        help=(
+            "start no server with less time left (one takes 90 to 180 s to be ready, calls 39"
+            " to 44)"
+        ),
     )
     on_gpu.add_argument("--config", default=str(e2e_h200.MODEL_CONFIG))
     on_gpu.add_argument(
@@ -1528,8 +1691,11 @@ def main() -> int:
     on_gpu.add_argument(
         "--arms-dummy",
         action="store_true",
-        help="with --real: the --arms servers still load dummy weights (the reverted build's `bug` then reaches "
-        "the KV-cache warm-up and its reported error instead of the checkpoint's KeyError at load)",
+        help=(
+            "with --real: the --arms servers still load dummy weights (the reverted build's `bug`"
+            " then reaches the KV-cache warm-up and its reported error instead of the checkpoint's"
+            " KeyError at load)"
+        ),
     )
     on_gpu.set_defaults(func=run)
     drift = steps.add_parser(

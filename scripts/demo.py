@@ -58,7 +58,8 @@ def what(patch) -> str:
 def main() -> int:
     arms = {"DSPARK_HOTFIX=0": start(False), "DSPARK_HOTFIX=1": start(True)}
     print(
-        "Stand-in for vLLM 0.23.1rc1.dev788 (DeepSeek-V4-Flash-DSpark, --kv-cache-dtype fp8, dspark)\n"
+        "Stand-in for vLLM 0.23.1rc1.dev788 (DeepSeek-V4-Flash-DSpark, --kv-cache-dtype fp8,"
+        " dspark)\n"
     )
     for arm, (report, log) in arms.items():
         view = report["views"].get("draft.0.swa")
@@ -68,7 +69,8 @@ def main() -> int:
         print(f"   draft layer weights loaded: {draft_layers(report)} of 6")
         if view:
             print(
-                f"   draft SWA KV view: shape {tuple(view['shape'])}, strides {tuple(view['stride'])}"
+                f"   draft SWA KV view: shape {tuple(view['shape'])}, strides"
+                f" {tuple(view['stride'])}"
             )
         print(f"   engine start: {'FAILED: ' + report['error'] if report['error'] else 'ok'}\n")
     (off, _), (on, _) = arms.values()
@@ -78,11 +80,13 @@ def main() -> int:
         return 1
     print("What changed, and which patch changed it:")
     print(
-        f"   KV view width {width(off)} -> {width(on)} bytes/token: FlashMLA runs where it refused the view."
+        f"   KV view width {width(off)} -> {width(on)} bytes/token: FlashMLA runs where it refused"
+        " the view."
     )
     if draft_layers(on) != draft_layers(off):
         print(
-            f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs on its weights."
+            f"   draft layer weights {draft_layers(off)} -> {draft_layers(on)} of 6: the draft runs"
+            " on its weights."
         )
     for patch in ALL:  # every patch the shim's line counts as patched
         row = on["patches"][patch.name]
@@ -93,7 +97,8 @@ def main() -> int:
             row["state"] == "patched" and patch.stops
         ):  # it corrects nothing: it stops a start that would crash
             print(
-                f"   {patch.name} is applied; it stops vLLM only where vLLM would crash, and this start would not:"
+                f"   {patch.name} is applied; it stops vLLM only where vLLM would crash, and this"
+                " start would not:"
             )
         elif row["state"] == "patched":  # a repair of a path this start does not take
             print(f"   {patch.name} is applied; this start does not call {patch.qualname}:")
@@ -103,10 +108,12 @@ def main() -> int:
     print("Next: in your serving image, with the server's environment, run")
     print("   dspark-hotfix doctor")
     print(
-        "Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the launcher:"
+        "Exit 0 means the fix will be active where this vLLM needs it. Then start vLLM with the"
+        " launcher:"
     )
     print(
-        "   dspark-hotfix run -- vllm serve deepseek-ai/DeepSeek-V4-Flash-DSpark --spec-method dspark ..."
+        "   dspark-hotfix run -- vllm serve deepseek-ai/DeepSeek-V4-Flash-DSpark --spec-method"
+        " dspark ..."
     )
     print("or put the start-up hook on PYTHONPATH yourself:")
     print('   export PYTHONPATH="$(dspark-hotfix path)${PYTHONPATH:+:$PYTHONPATH}"')

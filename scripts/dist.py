@@ -63,8 +63,9 @@ def source_date_epoch() -> int:
 
 
 def versioned(tree: Path) -> str:
-    """The version ``tree`` (HEAD's files) is built as; a commit after the release gets its own, in its
-    ``__init__.py``, so that neither the files' names nor what the shim says name it as the release."""
+    """The version ``tree`` (HEAD's files) is built as; a commit after the release gets its own, in
+    its ``__init__.py``, so that neither the files' names nor what the shim says name it as the
+    release."""
     init = tree / "dspark_hotfix" / "__init__.py"
     source = init.read_text()
     release = re.search(r'^__version__ = "([^"]+)"$', source, re.MULTILINE)
@@ -125,8 +126,8 @@ def build(kind: str, source: Path, outdir: Path, epoch: int) -> Path:
 
 
 def wrapt_wheel(outdir: Path) -> Path:
-    """``WRAPT_WHEEL`` in ``outdir``, with the pinned sum: the copy kept in the project's cache, else from pip's
-    index, kept then."""
+    """``WRAPT_WHEEL`` in ``outdir``, with the pinned sum: the copy kept in the project's cache,
+    else from pip's index, kept then."""
     kept = cache_dir() / "dist" / WRAPT_WHEEL
     data = kept.read_bytes() if kept.exists() else b""
     if hashlib.sha256(data).hexdigest() != WRAPT_SHA256:
@@ -184,7 +185,8 @@ def fetched_wrapt() -> bytes:
 
 
 def normalized_sdist(sdist: Path, epoch: int) -> bytes:
-    """The sdist's members, sorted, with one time, one owner and modes 0644/0755, in a gzip without name or time."""
+    """The sdist's members, sorted, with one time, one owner and modes 0644/0755, in a gzip without
+    name or time."""
     members = []
     with tarfile.open(sdist) as tar:
         for info in tar.getmembers():

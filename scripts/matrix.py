@@ -1,12 +1,13 @@
 """docs/MATRIX.md, the version matrix, generated from the code and the committed evidence alone.
 
-vLLM build x hybrid KV cache manager on/off x what each patch does x the exact lines, read from the records
-alone, never from the code: a patch removed since they were written stays in them, and here, as history
-(`make records` writes them anew, then this page):
+vLLM build x hybrid KV cache manager on/off x what each patch does x the exact lines, read from the
+records alone, never from the code: a patch removed since they were written stays in them, and here,
+as history (`make records` writes them anew, then this page):
 
 - docs/evidence/hybrid-off.json: vLLM's own code on the CPU, each build without and with the shim,
   the hybrid manager on and off (tests/real_vllm/test_hybrid_off.py records it);
-- docs/evidence/lines.json: the lines each process kind prints, per build (tests/real_vllm/test_lines.py);
+- docs/evidence/lines.json: the lines each process kind prints, per build
+  (tests/real_vllm/test_lines.py);
 - docs/evidence/serve-h200.json: `vllm serve` on the H200, per arm (harness/serve_h200.py);
 - docs/evidence/checkpoint-h200/: `vllm.LLM` on the H200 with a real checkpoint, per variant
   (harness/e2e_h200.py --real).
@@ -30,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 EVIDENCE = ROOT / "docs" / "evidence"
 TARGET = ROOT / "docs" / "MATRIX.md"
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
-# 0.25.0 with the shifted remap in a draft loader that skips names it does not have (harness.e2e_h200.TOLERANT)
+# 0.25.0 with the shifted remap in a draft loader that skips names it does not have
+# (harness.e2e_h200.TOLERANT)
 TOLERANT = "0.25.0 tolerant"
 CPU_LABEL = {"0.25.0-reverted": REVERTED}  # hybrid-off.json's name for it
 # harness/serve_h200.py's arms: (build, hybrid manager, shim)
@@ -46,14 +48,16 @@ KINDS = ("API server", "engine core", "tensor-parallel worker")
 
 
 def recorded_patches(hybrid: dict) -> list[str]:
-    """The patches the records were written with, in the registry's order: each arm with the shim names them all."""
+    """The patches the records were written with, in the registry's order: each arm with the shim
+    names them all."""
     (names,) = {tuple(arms["with_shim"]["status"]["patches"]) for arms in hybrid.values()}
     return list(names)
 
 
 def states_of(line: str, names: list[str]) -> tuple[str, dict[str, str]]:
-    """A line's verdict and the state of each of ``names`` (the patches it was printed with): named ones as
-    named, the rest `not_needed`. A line that counts another number of patches was printed by another run."""
+    """A line's verdict and the state of each of ``names`` (the patches it was printed with): named
+    ones as named, the rest `not_needed`. A line that counts another number of patches was printed
+    by another run."""
     verdict, _, rest = line.partition(": ")
     counted = sum(int(n) for n in re.findall(r"(\d+) \w+", rest))
     if counted != len(names):
@@ -90,20 +94,20 @@ def cpu_cell(arm: dict) -> str:
 
 
 def cards(serve: dict) -> dict[str, str]:
-    """Each device call's card, as a short name ("H200", "H100"), from the GPU its summary recorded."""
+    """Each device call's card, as a short name ("H200", "H100"), from the GPU its summary
+    recorded."""
     return {
-        ses["source"]: ses["summary"]
-        .get("gpu", "")
-        .removeprefix("NVIDIA ")
-        .split(",")[0]
-        .split(" ")[0]
+        ses["source"]: (
+            ses["summary"].get("gpu", "").removeprefix("NVIDIA ").split(",")[0].split(" ")[0]
+        )
         for ses in serve["sessions"]
     }  # "NVIDIA H100 80GB HBM3, 81559 MiB" -> "H100"
 
 
 def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]:
-    """Each (build, hybrid manager, shim) cell's servers by tensor-parallel size, and a note for each
-    server that did not come up for another reason than the reported error (with its first error)."""
+    """Each (build, hybrid manager, shim) cell's servers by tensor-parallel size, and a note for
+    each server that did not come up for another reason than the reported error (with its first
+    error)."""
     first = {
         f"{ses['source']}-{s['label']}": s.get("first_error")
         for ses in serve["sessions"]
@@ -145,8 +149,9 @@ def h200_cells(serve: dict) -> tuple[dict[tuple[str, str, str], str], list[str]]
     return text, notes
 
 
-# The engine runs on the H200 with a real checkpoint (harness/checkpoint.py): variant -> (build, shim). Any other
-# variant runs the reverted build with some patches excluded (harness.common.one_patch): its row says which.
+# The engine runs on the H200 with a real checkpoint (harness/checkpoint.py): variant -> (build,
+# shim). Any other variant runs the reverted build with some patches excluded
+# (harness.common.one_patch): its row says which.
 WEIGHT_RUNS = {
     "baseline": ("0.25.0", "none"),
     "bug": (REVERTED, "off (`DSPARK_HOTFIX=0`)"),
@@ -157,8 +162,8 @@ WEIGHT_RUNS = {
 
 
 def selected(run: dict) -> str:
-    """The shim's setting of a run with patches excluded, from the line it printed: the fewer of the patches it
-    kept on and the ones it left off."""
+    """The shim's setting of a run with patches excluded, from the line it printed: the fewer of the
+    patches it kept on and the ones it left off."""
     line = str(run["shim_lines"][0])
     on, off = (re.search(rf"\d+ {state} \(([^)]*)\)", line) for state in ("patched", "excluded"))
     kept, left = (
@@ -171,8 +176,8 @@ def selected(run: dict) -> str:
 
 def weight_rows() -> list[str]:
     """One row per engine variant of docs/evidence/checkpoint-h200/: what its runs loaded, how they
-    ended where they failed, how many draft parameters equal unmodified vLLM's, and the acceptance of
-    the runs that generated."""
+    ended where they failed, how many draft parameters equal unmodified vLLM's, and the acceptance
+    of the runs that generated."""
     found: dict[str, list[dict]] = {}
     for path in sorted((EVIDENCE / "checkpoint-h200").glob("call*/[0-9][0-9]-*.json")):
         run = json.loads(path.read_text())
@@ -273,9 +278,10 @@ def weight_server_rows() -> list[str]:
 
 
 def bench_rows(serve: dict) -> list[str]:
-    """One row per arm of each silent-form benchmark (figures.bench with a reference arm; calls on the same
-    servers as one figure): vLLM's own figures, the median of the arm's timed runs, and how many runs compiled
-    kernels (such a run is no clean measure of the arm's speed); then the bug's cost over the clean pairs."""
+    """One row per arm of each silent-form benchmark (figures.bench with a reference arm; calls on
+    the same servers as one figure): vLLM's own figures, the median of the arm's timed runs, and how
+    many runs compiled kernels (such a run is no clean measure of the arm's speed); then the bug's
+    cost over the clean pairs."""
     rows, costs = [], []
     card = cards(serve)
     benches = serve["figures"]["bench"]
@@ -309,8 +315,8 @@ def bench_rows(serve: dict) -> list[str]:
         if "ratio" in cost:
             low, high = cost["ci95"]
             costs.append(
-                f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over the "
-                f"{cost['pairs']} pairs in which no run compiled"
+                f"- {call} ({name}): {cost['ratio']:.2f} times (95% {low:.2f} to {high:.2f}), over"
+                f" the {cost['pairs']} pairs in which no run compiled"
             )
         else:
             fixed, reference = (
@@ -318,10 +324,14 @@ def bench_rows(serve: dict) -> list[str]:
             )
             pairs = bench["all"]["pairs"]
             costs.append(
-                f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean measure: "
-                f"{'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had a run that compiled"
+                f"- {call} ({name}): {fixed / reference:.2f} times on the medians, no clean"
+                f" measure: {'each of its' if pairs > 1 else 'its one'} pair{'s' * (pairs > 1)} had"
+                " a run that compiled"
             )
-    why = "The bug's cost, as the output throughput with the shim over without it (the same build, paired runs):"
+    why = (
+        "The bug's cost, as the output throughput with the shim over without it (the same build,"
+        " paired runs):"
+    )
     return [*rows, "", why, "", *costs]
 
 
@@ -343,21 +353,41 @@ def render() -> str:
     out = [
         "# Version matrix",
         "",
-        "Generated by `scripts/matrix.py` from the committed evidence alone (`make records` runs the real-vLLM",
-        "tier that writes the CPU records, then the script); `make evidence` fails where this file is stale",
-        "(`harness/tests/test_matrix.py`). The patches are those the records were written with; what each is and",
-        "when it goes: `dspark_hotfix/patches/__init__.py`. `0.25.0 reverted` is vLLM 0.25.0 with PR #47716",
+        (
+            "Generated by `scripts/matrix.py` from the committed evidence alone (`make records`"
+            " runs the real-vLLM"
+        ),
+        (
+            "tier that writes the CPU records, then the script); `make evidence` fails where this"
+            " file is stale"
+        ),
+        (
+            "(`harness/tests/test_matrix.py`). The patches are those the records were written with;"
+            " what each is and"
+        ),
+        (
+            "when it goes: `dspark_hotfix/patches/__init__.py`. `0.25.0 reverted` is vLLM 0.25.0"
+            " with PR #47716"
+        ),
         "reverted: the reported pre-release's KV-cache code (no registry carries that build).",
         "",
         "## Builds, hybrid KV cache manager on and off",
         "",
-        "CPU: vLLM's own KV-cache grouping and V2 runner views for a DeepSeek-V4 model with DSpark draft",
+        (
+            "CPU: vLLM's own KV-cache grouping and V2 runner views for a DeepSeek-V4 model with"
+            " DSpark draft"
+        ),
         "layers (docs/evidence/hybrid-off.json). H200: `vllm serve` with the reported flags",
-        "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`; a cell names the card where",
+        (
+            "(docs/evidence/serve-h200.json; `tp1-cudagraph`: without `--enforce-eager`; a cell"
+            " names the card where"
+        ),
         "the lent machine was not an H200).",
         "",
-        "| vLLM build | hybrid manager | CPU, without the shim | CPU, with the shim | H200, without | H200, with "
-        "| verdict |",
+        (
+            "| vLLM build | hybrid manager | CPU, without the shim | CPU, with the shim | H200,"
+            " without | H200, with | verdict |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for label, arms in hybrid.items():
@@ -370,13 +400,17 @@ def render() -> str:
                 if b == build and h == side and shim != "without"
             )
             out.append(
-                f"| {build} | {side} | {cpu_cell(arms['without_shim'][key])} | {cpu_cell(arms['with_shim'][key])} "
-                f"| {h200.get((build, side, 'without'), 'not run')} | {with_h200 or 'not run'} "
-                f"| {final[build][0] if build in final else 'not recorded'} |"
+                f"| {build} | {side} | {cpu_cell(arms['without_shim'][key])} |"
+                f" {cpu_cell(arms['with_shim'][key])} |"
+                f" {h200.get((build, side, 'without'), 'not run')} | {with_h200 or 'not run'} |"
+                f" {final[build][0] if build in final else 'not recorded'} |"
             )
     out += [
         "",
-        "Servers neither ready nor stopped by the reported error or the shim (first error as logged;",
+        (
+            "Servers neither ready nor stopped by the reported error or the shim (first error as"
+            " logged;"
+        ),
         "docs/evidence/serve-h200.md tells each call):",
         "",
     ]
@@ -385,34 +419,69 @@ def render() -> str:
         "",
         "## A real weight load, H200",
         "",
-        "`vllm.LLM` with a real checkpoint for the e2e model (harness/checkpoint.py: the draft predicts what the",
-        "target predicts only with its three layers where they belong), greedy (docs/evidence/checkpoint-h200.md).",
-        "vLLM's loader counts the draft's own 96 parameters; the digests, taken in the worker once loaded, cover all",
-        "98, the 2 the draft shares with the target included. `0.25.0 tolerant` is 0.25.0 with the shifted remap",
-        "in a draft loader that skips names it does not have: the report's silent form, where the layers keep",
-        "their initial values (those equal without the shim are the head stack it loads, the 2 shared, and the",
+        (
+            "`vllm.LLM` with a real checkpoint for the e2e model (harness/checkpoint.py: the draft"
+            " predicts what the"
+        ),
+        (
+            "target predicts only with its three layers where they belong), greedy"
+            " (docs/evidence/checkpoint-h200.md)."
+        ),
+        (
+            "vLLM's loader counts the draft's own 96 parameters; the digests, taken in the worker"
+            " once loaded, cover all"
+        ),
+        (
+            "98, the 2 the draft shares with the target included. `0.25.0 tolerant` is 0.25.0 with"
+            " the shifted remap"
+        ),
+        (
+            "in a draft loader that skips names it does not have: the report's silent form, where"
+            " the layers keep"
+        ),
+        (
+            "their initial values (those equal without the shim are the head stack it loads, the 2"
+            " shared, and the"
+        ),
         "layer parameters whose checkpoint value is their initial one).",
         "",
-        "| vLLM build | shim | runs | draft load | parameters equal to 0.25.0's | accepted / drafted, by position |",
+        (
+            "| vLLM build | shim | runs | draft load | parameters equal to 0.25.0's | accepted /"
+            " drafted, by position |"
+        ),
         "|---|---|---|---|---|---|",
         *weight_rows(),
         "",
-        "`vllm serve` with the same checkpoint and the report's flags (harness/serve_h200.py --real):",
+        (
+            "`vllm serve` with the same checkpoint and the report's flags (harness/serve_h200.py"
+            " --real):"
+        ),
         "",
-        "| vLLM build | shim | texts as 0.25.0's | accepted / drafted, by position | states on /metrics |",
+        (
+            "| vLLM build | shim | texts as 0.25.0's | accepted / drafted, by position | states on"
+            " /metrics |"
+        ),
         "|---|---|---|---|---|",
         *weight_server_rows(),
         "",
-        "Under `vllm bench serve` (vLLM's own client: 128 prompts at 128, 128 tokens in, 256 out, one seed; eager):",
+        (
+            "Under `vllm bench serve` (vLLM's own client: 128 prompts at 128, 128 tokens in, 256"
+            " out, one seed; eager):"
+        ),
         "",
-        "| calls | card | vLLM build | shim | timed runs | output tokens/s | acceptance | by position "
-        "| mean TTFT, ms | median ITL, ms | runs that compiled |",
+        (
+            "| calls | card | vLLM build | shim | timed runs | output tokens/s | acceptance | by"
+            " position | mean TTFT, ms | median ITL, ms | runs that compiled |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *bench_rows(serve),
         "",
         "## What each patch does, per build",
         "",
-        "The state each patch ends in, in an engine core once every patch is judged (docs/evidence/lines.json;",
+        (
+            "The state each patch ends in, in an engine core once every patch is judged"
+            " (docs/evidence/lines.json;"
+        ),
         "docs/evidence/hybrid-off.json says the same where it measured the build).",
         "",
         "| patch | " + " | ".join(builds) + " |",
@@ -425,8 +494,14 @@ def render() -> str:
         "",
         "## The exact lines",
         "",
-        "What each process kind prints, in order, after `dspark_hotfix VERSION (pid PID) via SOURCE: `",
-        "(tests/real_vllm/test_lines.py imports each kind's modules in the order vLLM does). The last line of",
+        (
+            "What each process kind prints, in order, after `dspark_hotfix VERSION (pid PID) via"
+            " SOURCE: `"
+        ),
+        (
+            "(tests/real_vllm/test_lines.py imports each kind's modules in the order vLLM does)."
+            " The last line of"
+        ),
         "a pid is its whole state.",
     ]
     for build in builds:

@@ -1,5 +1,5 @@
-"""One virtual environment per real vLLM release, built from PyPI and reused (the real-vLLM tier, `make bench`
-and the harness tests build them).
+"""One virtual environment per real vLLM release, built from PyPI and reused (the real-vLLM tier,
+`make bench` and the harness tests build them).
 
 They live outside the repository (``~/.cache/dspark-hotfix``, or
 ``$DSPARK_HOTFIX_CACHE``): one takes about 2 minutes and 9.5 GB to build.
@@ -22,19 +22,20 @@ from pathlib import Path
 # Each gets one end of the wrapt range the shim supports: 1.17.3 (what the
 # Dockerfile installs where an image has none) and the newest 2.x.
 VERSIONS = ("0.25.0", "0.33.0")
-# Where what the shim says is measured (tests/real_vllm/test_lines.py), 0.28.0 too: the first release
-# whose hybrid-off path keeps the layout, so the first on which the shim is removable.
+# Where what the shim says is measured (tests/real_vllm/test_lines.py), 0.28.0 too: the first
+# release whose hybrid-off path keeps the layout, so the first on which the shim is removable.
 LINES_VERSIONS = ("0.25.0", "0.28.0", "0.33.0")
 WRAPT = {"0.25.0": "wrapt==1.17.3"}  # any other release: the newest 2.x
 NEWEST_WRAPT = "wrapt>=2,<3"
 EXTRA = ("pytest>=8",)
 # vllm==0.28.0 resolves here to torch 2.13.0+cpu beside torchvision and torchaudio built for other
-# torches, whose import fails ("operator torchvision::nms does not exist"); transformers imports them
-# where they are installed, vLLM's DeepSeek-V4 modules need neither: they are removed.
+# torches, whose import fails ("operator torchvision::nms does not exist"); transformers imports
+# them where they are installed, vLLM's DeepSeek-V4 modules need neither: they are removed.
 MISMATCHED = {"0.28.0": ("torchvision", "torchaudio", "torchcodec")}
-# vllm==0.34.0 pins flashinfer-python==0.7.3, which the registry this project reaches does not carry: its wheel
-# is installed without dependencies over 0.33.0's venv (on sys.path through a .pth file), whose dependencies
-# its KV-cache modules import as they are (tests/patches/test_promote_local_specs.py reads it).
+# vllm==0.34.0 pins flashinfer-python==0.7.3, which the registry this project reaches does not
+# carry: its wheel is installed without dependencies over 0.33.0's venv (on sys.path through a .pth
+# file), whose dependencies its KV-cache modules import as they are
+# (tests/patches/test_promote_local_specs.py reads it).
 DEPENDENCIES_OF = {"0.34.0": "0.33.0"}
 
 
@@ -44,7 +45,8 @@ def cache_dir() -> Path:
 
 @contextlib.contextmanager
 def locked(lock: Path) -> Iterator[None]:
-    """One process at a time holds the file ``lock`` (pytest-xdist's workers build the same things)."""
+    """One process at a time holds the file ``lock`` (pytest-xdist's workers build the same
+    things)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -90,8 +92,8 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"could not install vllm=={version} from PyPI into {venv} (is the registry reachable?):\n"
-            + proc.stderr[-3000:]
+            f"could not install vllm=={version} from PyPI into {venv} (is the registry"
+            " reachable?):\n" + proc.stderr[-3000:]
         )
     if MISMATCHED.get(version):
         subprocess.run(

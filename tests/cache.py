@@ -1,4 +1,5 @@
-"""Packages from PyPI that a tier needs, installed once with ``pip --target`` under the project's cache.
+"""Packages from PyPI that a tier needs, installed once with ``pip --target`` under the project's
+cache.
 
 The cache is ``~/.cache/dspark-hotfix``, or ``$DSPARK_HOTFIX_CACHE``; a directory
 counts as ready only once its stamp names exactly what was asked.
@@ -28,7 +29,8 @@ def unavailable(reason: str) -> NoReturn:
 
 
 def pip_target(name: str, wanted: str) -> Path:
-    """``wanted`` (requirements, space-separated) in ``<cache>/<name>``; this tier skips (fails in CI) without PyPI."""
+    """``wanted`` (requirements, space-separated) in ``<cache>/<name>``; this tier skips (fails in
+    CI) without PyPI."""
     with locked(cache_dir() / f"{name}.lock"):
         return _pip_target(name, wanted)
 
@@ -62,7 +64,8 @@ def _pip_target(name: str, wanted: str) -> Path:
 
 
 def offline() -> tuple[str, ...]:
-    """A prefix that runs a command without any network (only a loopback), where this machine allows it."""
+    """A prefix that runs a command without any network (only a loopback), where this machine allows
+    it."""
     if (
         shutil.which("unshare") is None
         or subprocess.run(["unshare", "--net", "true"]).returncode != 0

@@ -1,10 +1,11 @@
-"""What a child process does, as real Python: the steps children share, whether the child imports them
-(``tests.conftest.call_in_child``'s functions) or is sent their source (``tests.conftest.program``, for a
-child that has nothing of the tests on its path). So each step imports what it uses in its own body.
+"""What a child process does, as real Python: the steps children share, whether the child imports
+them (``tests.conftest.call_in_child``'s functions) or is sent their source
+(``tests.conftest.program``, for a child that has nothing of the tests on its path). So each step
+imports what it uses in its own body.
 
-Standard library only at the top: a child imports vLLM's stand-in, the toys and the shim when it asks.
-A child that hangs is ended by ``faulthandler`` after ``HANG_AFTER`` seconds (exit 1, every thread's
-traceback on stderr), never by CI's own timeout.
+Standard library only at the top: a child imports vLLM's stand-in, the toys and the shim when it
+asks. A child that hangs is ended by ``faulthandler`` after ``HANG_AFTER`` seconds (exit 1, every
+thread's traceback on stderr), never by CI's own timeout.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def hang_guard() -> None:
 
 
 def use_toys(repo: str | None = None) -> None:
-    """The toys as the patch set; with ``repo``, the checkout appended to ``sys.path`` first, so that the
-    shim still comes from where the test put it (its start-up directory, a venv, a copy)."""
+    """The toys as the patch set; with ``repo``, the checkout appended to ``sys.path`` first, so
+    that the shim still comes from where the test put it (its start-up directory, a venv, a copy).
+    """
     import sys
 
     if repo is not None:
@@ -58,7 +60,8 @@ def print_status() -> None:
 
 
 def watchers() -> int:
-    """How many of the start-up hook's VllmImportWatcher are on sys.meta_path (1: it watches for vLLM)."""
+    """How many of the start-up hook's VllmImportWatcher are on sys.meta_path (1: it watches for
+    vLLM)."""
     import sys
 
     return sum(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
@@ -142,7 +145,8 @@ def import_modules(names: list[str]) -> None:
 
 
 def import_present(names: list[str]) -> None:
-    """Each module of ``names`` this interpreter has, in order: a patch's module may be new in a release, or gone."""
+    """Each module of ``names`` this interpreter has, in order: a patch's module may be new in a
+    release, or gone."""
     import importlib
     import importlib.util
 
@@ -166,13 +170,15 @@ def run_cli(*argv: str) -> None:
 
 
 def toy_calls() -> dict[str, object]:
-    """Every toy target called as the toy build's callers would, with what each gave (an exception: its type's
-    name): ``tests.activation.children.CORRECTED`` where the toys are applied, ``AS_SHIPPED`` where not."""
+    """Every toy target called as the toy build's callers would, with what each gave (an exception:
+    its type's name): ``tests.activation.children.CORRECTED`` where the toys are applied,
+    ``AS_SHIPPED`` where not."""
     import importlib
     from types import SimpleNamespace
 
-    # As sys.modules holds them: a module imported by another thread while the package's import failed here
-    # is no attribute of the package imported again (CPython's import, with or without the shim).
+    # As sys.modules holds them: a module imported by another thread while the package's import
+    # failed here is no attribute of the package imported again (CPython's import, with or without
+    # the shim).
     model, planner = (
         importlib.import_module("vllm.toy_model"),
         importlib.import_module("vllm.toy_planner"),
@@ -207,8 +213,9 @@ def start_and_join(threads: list[threading.Thread]) -> None:
 
 
 def wrap_depths() -> dict[str, int | None]:
-    """Per patch whose module is imported, how many wrappers sit on vLLM's plain function in its class's (or
-    module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function underneath, None no such one."""
+    """Per patch whose module is imported, how many wrappers sit on vLLM's plain function in its
+    class's (or module's) ``__dict__``: 0 untouched, 1 patched once, -1 no plain function
+    underneath, None no such one."""
     import sys
     import types
 
@@ -239,9 +246,10 @@ def slow_import(
     release: threading.Event | None = None,
     then: str | None = None,
 ) -> threading.Event:
-    """Slow the import of ``module`` in the thread named ``thread``: that thread holds the module's import
-    lock for ``pause`` seconds (or until ``release`` is set), then imports ``then`` (as the module's body
-    would) before it runs the module; the Event returned is set when it starts to hold it."""
+    """Slow the import of ``module`` in the thread named ``thread``: that thread holds the module's
+    import lock for ``pause`` seconds (or until ``release`` is set), then imports ``then`` (as the
+    module's body would) before it runs the module; the Event returned is set when it starts to hold
+    it."""
     inside = threading.Event()
 
     class SlowLoader:
@@ -282,9 +290,9 @@ def interrupt_registry(
     pause: float = 0.0,
     error: type[BaseException] = KeyboardInterrupt,
 ) -> threading.Event:
-    """The registry's ``function`` (a patch's decision, by default) raises KeyboardInterrupt (or ``error``) at its
-    ``at``-th call, once (in the main thread's alone with ``main_thread_only``, after ``pause`` seconds): a Ctrl-C
-    landing there. The Event returned is set just before."""
+    """The registry's ``function`` (a patch's decision, by default) raises KeyboardInterrupt (or
+    ``error``) at its ``at``-th call, once (in the main thread's alone with ``main_thread_only``,
+    after ``pause`` seconds): a Ctrl-C landing there. The Event returned is set just before."""
     from dspark_hotfix import registry
 
     real, calls, inside = getattr(registry, function), [], threading.Event()
@@ -304,8 +312,8 @@ def interrupt_registry(
 
 
 def as_started(status: int) -> None:
-    """What a child sees of its start (its modules, ``__main__``'s names, its arguments, its stdin), a line
-    written at exit by ``atexit``, and ``status`` as its exit status."""
+    """What a child sees of its start (its modules, ``__main__``'s names, its arguments, its stdin),
+    a line written at exit by ``atexit``, and ``status`` as its exit status."""
     import __main__
 
     seen = {

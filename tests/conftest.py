@@ -85,13 +85,13 @@ def program(
     *steps: Callable[..., object] | functools.partial,
     helpers: tuple[Callable[..., object], ...] = (),
 ) -> str:
-    """The ``-c`` code of a child that runs ``steps`` in order: each function's own source, then its call (a
-    partial's arguments as their repr), its value printed as a JSON line where it returns one (``json``
-    imported once it has returned). So the child needs nothing of the tests on its path, and ruff and mypy
-    check its code where it is written. A step imports what it uses in its own body, since only its source
-    goes (``tests/child.py``'s steps), and goes without its annotations: they are for mypy, and the child
-    imports nothing it did not ask for (no ``__future__``). ``helpers`` go too, without a call: functions the
-    steps call."""
+    """The ``-c`` code of a child that runs ``steps`` in order: each function's own source, then its
+    call (a partial's arguments as their repr), its value printed as a JSON line where it returns
+    one (``json`` imported once it has returned). So the child needs nothing of the tests on its
+    path, and ruff and mypy check its code where it is written. A step imports what it uses in its
+    own body, since only its source goes (``tests/child.py``'s steps), and goes without its
+    annotations: they are for mypy, and the child imports nothing it did not ask for (no
+    ``__future__``). ``helpers`` go too, without a call: functions the steps call."""
     sources: dict[str, str] = {}
     calls, used = [], set()
     for step in (*steps, *helpers):
@@ -156,8 +156,8 @@ class Shim:
         self.log, self.root = log, root
 
     def lines(self, level: str = "INFO") -> list[str]:
-        """The shim's log lines of ``level`` so far, without level and timestamp, its state lines aside
-        (``summaries``)."""
+        """The shim's log lines of ``level`` so far, without level and timestamp, its state lines
+        aside (``summaries``)."""
         return [
             line for line in log_lines(self.log.getvalue(), level) if not STATE_LINE.match(line)
         ]
@@ -196,12 +196,12 @@ def forget() -> None:
 
 @pytest.fixture
 def shim(monkeypatch, tmp_path):
-    """``shim(patches, edits=None, remove=())``: ``patches`` as this process's patch set, with the stand-in
-    build (a copy with ``edits`` and without ``remove``, as :func:`edited_standin` makes it; none: the
-    stand-in as shipped) first on ``sys.path``, and no activation yet. Interpreter start is not what these
-    tests are about; the start-up paths have their own (tests/activation). The switches come from
-    ``monkeypatch.setenv``, set before the first activation. One build per test; afterwards every trace is
-    gone (:func:`forget`, and the finders the shim added)."""
+    """``shim(patches, edits=None, remove=())``: ``patches`` as this process's patch set, with the
+    stand-in build (a copy with ``edits`` and without ``remove``, as :func:`edited_standin` makes
+    it; none: the stand-in as shipped) first on ``sys.path``, and no activation yet. Interpreter
+    start is not what these tests are about; the start-up paths have their own (tests/activation).
+    The switches come from ``monkeypatch.setenv``, set before the first activation. One build per
+    test; afterwards every trace is gone (:func:`forget`, and the finders the shim added)."""
     from dspark_hotfix import state
 
     for name in [k for k in os.environ if k.startswith("DSPARK_HOTFIX")]:
@@ -245,8 +245,9 @@ def toys(shim):
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
-    """``build(folder)``'s folder, built once per run: pytest-xdist's workers share it (the first to ask
-    builds it, the others wait for it), as their own session fixtures would each build it again."""
+    """``build(folder)``'s folder, built once per run: pytest-xdist's workers share it (the first to
+    ask builds it, the others wait for it), as their own session fixtures would each build it again.
+    """
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the folder the workers' own folders are in
@@ -304,7 +305,8 @@ def log_lines(stderr: str, *levels: str) -> list[str]:
 
 
 def warning_lines(stderr: str) -> list[str]:
-    """The shim's warnings, its state lines aside (a state line whose verdict exits 1 is a WARNING too)."""
+    """The shim's warnings, its state lines aside (a state line whose verdict exits 1 is a WARNING
+    too)."""
     return [line for line in log_lines(stderr, "WARNING") if not STATE_LINE.match(line)]
 
 
@@ -367,7 +369,8 @@ def listing(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def copy_of_shim(root: Path) -> Path:
-    """The shim as an operator deploys it from a checkout: ``dspark_hotfix/`` and ``sitecustomize.py``."""
+    """The shim as an operator deploys it from a checkout: ``dspark_hotfix/`` and
+    ``sitecustomize.py``."""
 
     root.mkdir(parents=True)
     shutil.copytree(
@@ -382,7 +385,8 @@ def copy_of_shim(root: Path) -> Path:
 def run_in_env(
     argv: list[str], env: dict[str, str], cwd: Path | str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` with exactly ``env`` (run_python always starts from this process's environment)."""
+    """Run ``argv`` with exactly ``env`` (run_python always starts from this process's
+    environment)."""
     return subprocess.run(
         argv, env=env, cwd=str(cwd) if cwd else None, capture_output=True, text=True, timeout=120
     )
@@ -408,7 +412,8 @@ def bare_venv(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory, wheel) -> dict:
-    """A venv with the wheel installed and an image's own sitecustomize, built once per run; read only."""
+    """A venv with the wheel installed and an image's own sitecustomize, built once per run; read
+    only."""
 
     def build(root: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
@@ -471,10 +476,10 @@ def call_in_child(
     env: dict[str, str] | None = None,
     timeout: float = CHILD_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
-    """``function(*args)`` (``args`` as JSON) in a fresh process (:func:`in_fresh_process`): the repository
-    first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in alone (no start-up
-    hook; the repository goes last, so the shim is imported only where the child asks). The function's
-    module must import only the standard library at its top."""
+    """``function(*args)`` (``args`` as JSON) in a fresh process (:func:`in_fresh_process`): the
+    repository first on its path (the start-up hook active), or with ``stand_in_alone`` the stand-in
+    alone (no start-up hook; the repository goes last, so the shim is imported only where the child
+    asks). The function's module must import only the standard library at its top."""
     return in_fresh_process(
         code_calling(function, stand_in_alone),
         json.dumps(args),
@@ -485,7 +490,8 @@ def call_in_child(
 
 
 def code_calling(function: Callable[..., None], stand_in_alone: bool = False) -> str:
-    """The ``-c`` code of :func:`call_in_child`: ``function`` called with the arguments in ``sys.argv[1]``."""
+    """The ``-c`` code of :func:`call_in_child`: ``function`` called with the arguments in
+    ``sys.argv[1]``."""
     code = (
         f"import json, sys; from {function.__module__} import {function.__name__} as f; "
         "f(*json.loads(sys.argv[1]))"
@@ -502,10 +508,10 @@ def in_fresh_process(
     env: dict[str, str] | None = None,
     timeout: float = CHILD_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -c code *argv`` as :func:`child` runs it, for what comes after interpreter start: forked from
-    a :mod:`tests.zygote` started once per path and environment in this pytest process (the start-up hook
-    ran in it, as at any start). Where that start wrote anything, a fresh interpreter runs it instead, so
-    that nothing said at start is lost."""
+    """``python -c code *argv`` as :func:`child` runs it, for what comes after interpreter start:
+    forked from a :mod:`tests.zygote` started once per path and environment in this pytest process
+    (the start-up hook ran in it, as at any start). Where that start wrote anything, a fresh
+    interpreter runs it instead, so that nothing said at start is lost."""
     server = zygote(path, env or {})
     if server is None:
         return child(args=("-c", code, *argv), path=path, env=env, timeout=timeout)
@@ -518,8 +524,8 @@ ZYGOTES: dict[
 
 
 def zygote(path: tuple[Path, ...], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-    """This pytest process's :mod:`tests.zygote` for ``path`` and ``env``, started on first use; None
-    where its start wrote anything (on stderr, or on stdout before its "ready")."""
+    """This pytest process's :mod:`tests.zygote` for ``path`` and ``env``, started on first use;
+    None where its start wrote anything (on stderr, or on stdout before its "ready")."""
     key = (path, tuple(sorted(env.items())))
     if key not in ZYGOTES:
         full = clean_env(**env)
@@ -562,8 +568,8 @@ def forked(
     argv: list[str],
     timeout: float,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -c code *argv`` forked from ``server``, as :func:`child` returns it (returncode None and
-    "(killed: timeout)" on stderr where it ran past ``timeout``)."""
+    """``python -c code *argv`` forked from ``server``, as :func:`child` returns it (returncode None
+    and "(killed: timeout)" on stderr where it ran past ``timeout``)."""
     assert server.stdin is not None
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
@@ -607,8 +613,8 @@ def child(
     cwd: Path | str | None = None,
     timeout: float = CHILD_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never raises
-    on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
+    """``python -c code`` (or ``python *args``) as run_python starts it, with a short timeout; never
+    raises on a non-zero exit or on a timeout (the CompletedProcess then has returncode None)."""
     full = clean_env(**(env or {}))
     if path:
         full["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)

@@ -1,4 +1,5 @@
-"""The Kubernetes manifest, read: kubernetes-validate from PyPI, installed once into a cached directory.
+"""The Kubernetes manifest, read: kubernetes-validate from PyPI, installed once into a cached
+directory.
 
 kubernetes-validate ships the Kubernetes JSON schemas in its wheel, so
 validation needs no network; its PyYAML reads the manifest for the tests.
@@ -25,7 +26,8 @@ KUBERNETES = ("1.28.0", "1.37.0")
 
 
 def validator_site() -> Path:
-    """kubernetes-validate and its dependencies (about 120 MB, 15 s), for this interpreter's version."""
+    """kubernetes-validate and its dependencies (about 120 MB, 15 s), for this interpreter's
+    version."""
     return pip_target(
         f"{VALIDATOR.replace('==', '-')}-py{sys.version_info[0]}{sys.version_info[1]}", VALIDATOR
     )
@@ -62,13 +64,15 @@ def validate(
 
 
 def documents(site: Path, path: Path = MANIFEST) -> list[dict]:
-    """The manifest's YAML documents, read by PyYAML as kubectl reads them (each test gets its own copy)."""
+    """The manifest's YAML documents, read by PyYAML as kubectl reads them (each test gets its own
+    copy)."""
     return json.loads(read_yaml(site, path, path.read_bytes()))
 
 
 @functools.lru_cache
 def read_yaml(site: Path, path: Path, content: bytes) -> str:
-    """PyYAML's reading of ``path`` as JSON, once per content: the committed manifest is read by six tests."""
+    """PyYAML's reading of ``path`` as JSON, once per content: the committed manifest is read by six
+    tests."""
     code = program(functools.partial(yaml_documents, str(path)))
     return with_site(site, [sys.executable, "-c", code], check=True).stdout
 

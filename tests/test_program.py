@@ -1,6 +1,6 @@
-"""``tests.conftest.program``, the code of the children whose steps are real Python: each step's own source
-goes, without its annotations, then its call; a step that reads its module's names is refused before any
-child starts."""
+"""``tests.conftest.program``, the code of the children whose steps are real Python: each step's own
+source goes, without its annotations, then its call; a step that reads its module's names is refused
+before any child starts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from tests.conftest import in_fresh_process, program
 
 
 def answer(word: str, times: int) -> dict[str, Any]:
-    """Its arguments, and which of the modules a program could bring in unasked are imported so far."""
+    """Its arguments, and which of the modules a program could bring in unasked are imported so
+    far."""
     import sys
 
     return {
@@ -34,7 +35,8 @@ def test_a_program_runs_its_steps_in_order_and_prints_what_each_returns():
     assert proc.returncode == 0, proc.stderr
     first, returned, last = proc.stdout.splitlines()
     assert (first, last) == ("first", "last")
-    # The annotations stayed behind (no __future__, no typing), and json came after the step had returned.
+    # The annotations stayed behind (no __future__, no typing), and json came after the step had
+    # returned.
     assert json.loads(returned) == {"said": "abab", "imported": []}
 
 

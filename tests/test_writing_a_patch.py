@@ -1,8 +1,9 @@
-"""docs/WRITING_A_PATCH.md's worked example, followed on a copy of the repository as a new maintainer would:
-each ``<!-- guide: ... -->`` block applied as the guide says, then the generic tests run for the new patch.
+"""docs/WRITING_A_PATCH.md's worked example, followed on a copy of the repository as a new
+maintainer would: each ``<!-- guide: ... -->`` block applied as the guide says, then the generic
+tests run for the new patch.
 
-It holds the guide to the truth (its steps are enough, and they are four files), and it holds the promise
-that a patch is added in four files without touching anything else."""
+It holds the guide to the truth (its steps are enough, and they are four files), and it holds the
+promise that a patch is added in four files without touching anything else."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def steps() -> list[tuple[str, str, str]]:
 
 
 def apply_diff(text: str, diff: str) -> str:
-    """A diff block's ``+`` lines inserted after the context lines (`` `` prefix) that precede them."""
+    """A diff block's ``+`` lines inserted after the context lines (`` `` prefix) that precede
+    them."""
     context = [line[1:] for line in diff.splitlines() if line.startswith(" ")]
     added = [line[1:] for line in diff.splitlines() if line.startswith("+")]
     anchor = "\n".join(context) + "\n"

@@ -1,4 +1,5 @@
-"""tests.zygote, behind call_in_child: a child forked from it is what a fresh interpreter would be."""
+"""tests.zygote, behind call_in_child: a child forked from it is what a fresh interpreter would
+be."""
 
 from __future__ import annotations
 

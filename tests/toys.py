@@ -1,14 +1,16 @@
-"""The machinery's test patches: toys on toy targets in the stand-in (``vllm.toy_model``, ``vllm.toy_planner``).
+"""The machinery's test patches: toys on toy targets in the stand-in (``vllm.toy_model``,
+``vllm.toy_planner``).
 
-They are the tests' own. ``dspark_hotfix.patches.ALL`` stays the product's list; a test chooses this set
-with :func:`use` in its own process (the ``toys`` fixture), or a child with ``tests.child.use_toys``. The
-machinery's tests (switches, reporting, activation, wrapping, faults, processes) run on these, so adding
-or removing a real patch never touches them. Each real patch has its own tests in tests/patches/.
+They are the tests' own. ``dspark_hotfix.patches.ALL`` stays the product's list; a test chooses this
+set with :func:`use` in its own process (the ``toys`` fixture), or a child with
+``tests.child.use_toys``. The machinery's tests (switches, reporting, activation, wrapping, faults,
+processes) run on these, so adding or removing a real patch never touches them. Each real patch has
+its own tests in tests/patches/.
 
 - ``GREETING``, a correction: the toy build greets ``helo, NAME``; it returns ``hello, NAME``.
 - ``FAREWELL``, a correction whose target the toy build lacks: ``absent`` says why that is fine.
-- ``PLANNER``, a stop (``everywhere``): the toy build's ``plan`` drops an item when ``compact`` is on;
-  it stops such a call with a finding, before the toy function runs.
+- ``PLANNER``, a stop (``everywhere``): the toy build's ``plan`` drops an item when ``compact`` is
+  on; it stops such a call with a finding, before the toy function runs.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ PLANNER = Patch(
 TOYS = (GREETING, FAREWELL, PLANNER)
 NAMES = tuple(p.name for p in TOYS)
 
-# Each toy's upstream fix, as edits of its target module in a copy of the stand-in (tests.conftest.standin_copy).
+# Each toy's upstream fix, as edits of its target module in a copy of the stand-in
+# (tests.conftest.standin_copy).
 FIX = {
     GREETING.name: [('f"helo, {name}"', 'f"hello, {name}"')],
     PLANNER.name: [("list(items)[: -1 if config.compact else None]", "list(items)")],
@@ -103,7 +106,8 @@ def module_file(patch: Patch) -> str:
 
 
 def fixed(patches: tuple[Patch, ...] = TOYS) -> dict[str, list[tuple[str, str]]]:
-    """The stand-in edits that fix each of ``patches`` (keyed by file for tests.conftest.edited_standin)."""
+    """The stand-in edits that fix each of ``patches`` (keyed by file for
+    tests.conftest.edited_standin)."""
     edits: dict[str, list[tuple[str, str]]] = {}
     for patch in patches:
         edits.setdefault(module_file(patch), []).extend(FIX.get(patch.name, []))

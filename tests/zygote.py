@@ -1,9 +1,9 @@
-"""The fork server behind ``tests.conftest.in_fresh_process`` (``call_in_child``'s children): started
-once per path and environment as ``python -c <this source>``, so the start-up hook runs in it as in any
-interpreter start; then, per request, a forked child runs the code it was sent as ``python -c code
-*argv`` would: ``__main__`` as fresh, ``sys.argv`` as ``-c`` sets it, stdin empty, stdout and stderr
-into the files named, and the interpreter's own shutdown at the end (atexit, threads joined, streams
-flushed, the exit status).
+"""The fork server behind ``tests.conftest.in_fresh_process`` (``call_in_child``'s children):
+started once per path and environment as ``python -c <this source>``, so the start-up hook runs in
+it as in any interpreter start; then, per request, a forked child runs the code it was sent as
+``python -c code *argv`` would: ``__main__`` as fresh, ``sys.argv`` as ``-c`` sets it, stdin empty,
+stdout and stderr into the files named, and the interpreter's own shutdown at the end (atexit,
+threads joined, streams flushed, the exit status).
 
 Nothing but ``os``, ``sys`` and ``marshal``, which every interpreter has loaded at start: a child's
 ``sys.modules`` is what a fresh interpreter's would be. Requests and replies are marshalled on the

@@ -7,7 +7,8 @@ instead, before vLLM's function runs). The registry
 says the running vLLM needs it.
 
 remap_dspark_name
-    Target: ``vllm.models.deepseek_v4.nvidia.dspark.DSparkDeepseekV4ForCausalLM._remap_dspark_name``.
+    Target:
+    ``vllm.models.deepseek_v4.nvidia.dspark.DSparkDeepseekV4ForCausalLM._remap_dspark_name``.
     Why: the reported build loads draft weights ``mtp.{i}.*`` into
     ``model.layers.{num_hidden_layers + i}.*``; the draft registers ``model.layers.{i}.*``.
     How it decides: vLLM's method maps ``mtp.1.*`` for a stand-in draft of 3 layers.
@@ -43,7 +44,8 @@ kv_cache_groups (a stop)
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 
 promote_local_specs
-    Target: ``vllm.v1.core.kv_cache_planning.replace_as`` (as the promotion of local specs calls it).
+    Target: ``vllm.v1.core.kv_cache_planning.replace_as`` (as the promotion of local specs calls
+    it).
     Why: with the hybrid KV cache manager off, vLLM 0.33.0 rebuilds a DeepSeek-V4
     sliding-window spec as ``MLAAttentionSpec`` passing ``bounded_replay``, which
     that class lacks: ``TypeError``, and DeepSeek-V4 cannot start. It repairs the

@@ -37,14 +37,16 @@ class Patch:
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
     # Whether the running vLLM needs the patch: calls vLLM's function with stand-in objects.
     probe: Callable[[Callable[..., Any]], Need]
-    # arguments(*vLLM's arguments), before vLLM's function runs: None to call it with them as they are,
-    # or the (args, kwargs) to call it with instead. By default, None.
+    # arguments(*vLLM's arguments), before vLLM's function runs: None to call it with them as they
+    # are, or the (args, kwargs) to call it with instead. By default, None.
     arguments: Callable[..., tuple[tuple[Any, ...], dict[str, Any]] | None] = (
         lambda *args, **kwargs: None
     )
-    # correction(vllm_answer, /, *vLLM's arguments): the answer to return. By default, vLLM's answer.
+    # correction(vllm_answer, /, *vLLM's arguments): the answer to return. By default, vLLM's
+    # answer.
     correction: Callable[..., Any] = lambda answer, /, *args, **kwargs: answer
-    # A stop corrects nothing: its arguments step only stops vLLM, early and clearly, where vLLM would crash.
+    # A stop corrects nothing: its arguments step only stops vLLM, early and clearly, where vLLM
+    # would crash.
     stops: bool = False
     # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
     absent: str = ""

@@ -137,8 +137,9 @@ def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
 
 
 def stand_in_pair(interface: Any, mode: Any) -> dict[str, Any]:
-    """A DeepSeek-V4 model's two kinds of ``fp8_ds_mla`` cache, as vLLM's specs (``interface`` is its
-    ``vllm.v1.kv_cache_interface``): a compressed-attention layer's and a sliding-window layer's."""
+    """A DeepSeek-V4 model's two kinds of ``fp8_ds_mla`` cache, as vLLM's specs (``interface`` is
+    its ``vllm.v1.kv_cache_interface``): a compressed-attention layer's and a sliding-window
+    layer's."""
     return {
         "full": _spec(interface.MLAAttentionSpec, mode, block_size=256, compress_ratio=4),
         "swa": _spec(interface.SlidingWindowMLASpec, mode, block_size=64, sliding_window=128),

@@ -45,10 +45,11 @@ from dspark_hotfix.patches.fp8_ds_mla import (
 
 
 def check(vllm_config: Any, kv_cache_spec: Any) -> None:
-    """Stops DeepSeek-V4 with the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager, or a
-    --kv-transfer-config connector without hybrid support).
+    """Stops DeepSeek-V4 with the hybrid KV cache manager off (--disable-hybrid-kv-cache-manager, or
+    a --kv-transfer-config connector without hybrid support).
 
-    Before ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``, which would break its KV caches there."""
+    Before ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``, which would break its KV caches
+    there."""
     layers = [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
         many = f"{len(layers)} layer{'s' * (len(layers) > 1)}, e.g. {layers[0]}"
@@ -74,7 +75,8 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
         kv_transfer_config=None,
     )
-    # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a probe.
+    # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a
+    # probe.
     log = logging.getLogger(vllm_get_kv_cache_groups.__module__)
     quiet, log.disabled = log.disabled, True
     try:

@@ -1,4 +1,5 @@
-"""promote_local_specs: DeepSeek-V4's sliding-window caches with the hybrid KV cache manager off, on vLLM 0.33.0.
+"""promote_local_specs: DeepSeek-V4's sliding-window caches with the hybrid KV cache manager off, on
+vLLM 0.33.0.
 
 Symptom: with the hybrid KV cache manager off, DeepSeek-V4 cannot start on vLLM
 0.33.0: KV-cache planning raises ``TypeError: MLAAttentionSpec.__init__() got an
@@ -46,8 +47,9 @@ FIELD = "bounded_replay"
 
 
 def arguments(spec: Any, target_cls: Any, /, *, drop: Any = (), **changes: Any) -> Any:
-    """The arguments of vLLM's ``replace_as`` in its KV-cache planning, repaired: a spec rebuilt as a class
-    without ``bounded_replay`` drops it too. None (the call as it is) wherever it has nothing to drop."""
+    """The arguments of vLLM's ``replace_as`` in its KV-cache planning, repaired: a spec rebuilt as
+    a class without ``bounded_replay`` drops it too. None (the call as it is) wherever it has
+    nothing to drop."""
     fields = {f.name for f in dataclasses.fields(target_cls) if f.init}
     if FIELD in drop or FIELD in fields or not hasattr(spec, FIELD):
         return None
@@ -95,8 +97,8 @@ def probe(vllm_replace_as: Callable[..., Any]) -> Need:
 def _repaired(
     promote: Callable[..., Any], vllm_replace_as: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """vLLM's own promotion, calling ``replace_as`` with the repaired arguments: a copy of the function, with
-    its module's names, and that one changed; vLLM's module is left as it is."""
+    """vLLM's own promotion, calling ``replace_as`` with the repaired arguments: a copy of the
+    function, with its module's names, and that one changed; vLLM's module is left as it is."""
 
     def replace_as(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = arguments(*args, **kwargs) or (args, kwargs)

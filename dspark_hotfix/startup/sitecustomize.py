@@ -206,7 +206,9 @@ def chain(sitecustomize_file):
         )  # None: none, or a directory of that name, which a module beats
         if origin is None:
             continue
-        try:  # ours: the same path (in a zip archive too, where it is no file), or the same file by another
+        # ours: the same path (in a zip archive too, where it is no file), or the same file by
+        # another
+        try:
             same = origin == sitecustomize_file or os.path.samefile(origin, sitecustomize_file)
         except OSError:  # (either is no file)
             same = False

@@ -23,7 +23,8 @@ EPS = 1e-6
 
 
 def small_table(config: dict, stages: int) -> list[dict]:
-    """The tensors the construction gives a value that matters, named as harness.checkpoint names them."""
+    """The tensors the construction gives a value that matters, named as harness.checkpoint names
+    them."""
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     inter, rank = config["moe_intermediate_size"], config["dspark_markov_rank"]
     table = [
@@ -83,7 +84,8 @@ def main() -> None:
     target = (rms(embed.float()) @ head.t()).argmax(-1)
 
     def draft_position0(present: list[bool]) -> float:
-        """Share of anchors whose first draft token is succ(anchor), with the layers that ``present`` keeps."""
+        """Share of anchors whose first draft token is succ(anchor), with the layers that
+        ``present`` keeps."""
         hidden = config["hidden_size"]
         residual = embed.unsqueeze(1).repeat(1, hc, 1)
         fn, base = torch.zeros((2 + hc) * hc, hc * hidden), torch.zeros((2 + hc) * hc)

@@ -1,4 +1,5 @@
-"""vLLM 0.25.0's own DSpark ``load_weights`` on the CPU, over the names harness.checkpoint wrote on the H200.
+"""vLLM 0.25.0's own DSpark ``load_weights`` on the CPU, over the names harness.checkpoint wrote on
+the H200.
 
 Run by path in a venv of vLLM 0.25.0; argv: the checkpoint's record (checkpoint.json), and
 ``released`` or ``reverted`` (the shifted remap of the reported build). Prints JSON: the

@@ -1,4 +1,5 @@
-"""harness.checkpoint on the CPU: its construction makes acceptance depend on the draft's layer weights.
+"""harness.checkpoint on the CPU: its construction makes acceptance depend on the draft's layer
+weights.
 
 vLLM 0.25.0's DeepSeek-V4 model cannot be built on this machine: its constructor makes CUDA streams
 and picks its FP8 kernels by platform (and the wheel's custom ops need CUDA), so the names are
@@ -230,7 +231,8 @@ def test_on_the_h200_the_tolerant_loader_drafts_noise_and_the_shim_restores_ever
             accepted / spec["vllm:spec_decode_num_drafts"] for accepted in by_position
         ]
     assert rates == {"tolerant": [0.0] * 5, "tolerant-fixed": [1.0] * 5}
-    # The target decides the output: the same token ids with a draft of noise and with the right one.
+    # The target decides the output: the same token ids with a draft of noise and with the right
+    # one.
     assert tolerant["sample_output_token_ids"] == fixed["sample_output_token_ids"]
     assert (
         tolerant["shim_loaded"] is False

@@ -1,4 +1,5 @@
-"""The H200 end-to-end evidence: the figures in docs/evidence/e2e-h200.json are what harness/e2e_h200.py computes."""
+"""The H200 end-to-end evidence: the figures in docs/evidence/e2e-h200.json are what
+harness/e2e_h200.py computes."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_the_jit_cache_comes_back_in_parts_and_fills_an_empty_cache(e2e, tmp_pat
     assert (device / "cache" / "triton" / "k" / "kernel.cubin").read_bytes() == payload
 
 
-def test_on_the_h200_hybrid_off_dies_with_the_reported_error_without_the_shim_and_stops_early_with_it():
+def test_h200_hybrid_off_dies_with_the_reported_error_without_the_shim_and_stops_early_with_it():
     runs = ROOT / "docs" / "evidence" / "hybrid-off-h200"
     base = json.loads((runs / "call31-02-baseline-hma-off.json").read_text())
     shim = json.loads((runs / "call31-01-shim-hma-off.json").read_text())

@@ -1,4 +1,5 @@
-"""The H200 FlashMLA evidence: docs/evidence/gpu-h200.md is what harness/gpu_evidence.py renders from its record."""
+"""The H200 FlashMLA evidence: docs/evidence/gpu-h200.md is what harness/gpu_evidence.py renders
+from its record."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""docs/MATRIX.md, the version matrix: generated from the committed evidence, and refused where records disagree."""
+"""docs/MATRIX.md, the version matrix: generated from the committed evidence, and refused where
+records disagree."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_every_recorded_line_reads_back_as_its_counts(matrix):
 
 
 def test_a_line_printed_with_another_set_of_patches_is_refused(matrix):
-    # Records of two runs, one with a patch more or less than the other: the matrix is not written from both.
+    # Records of two runs, one with a patch more or less than the other: the matrix is not written
+    # from both.
     names = recorded_patches(matrix)
     line = f"removable: {len(names)} not_needed"
     assert matrix.states_of(line, names) == ("removable", dict.fromkeys(names, "not_needed"))

@@ -50,9 +50,12 @@ class Handler(BaseHTTPRequestHandler):
     ) -> None:  # /metrics: 2 drafts of 5 tokens, 1 accepted and 3 engine steps per request so far
         with self.server.lock:
             n = len(self.server.prompts)
-        body = (f"vllm:spec_decode_num_drafts_total {2 * n}\nvllm:spec_decode_num_draft_tokens_total {10 * n}\n"
-                f"vllm:spec_decode_num_accepted_tokens_total {n}\n"
-                f'vllm:iteration_tokens_total_count{{engine="0"}} {3 * n}\n').encode()  # fmt: skip
+        body = (
+            f"vllm:spec_decode_num_drafts_total {2 * n}\nvllm:spec_decode_num_draft_tokens_total"
+            f" {10 * n}\n"
+            f"vllm:spec_decode_num_accepted_tokens_total {n}\n"
+            f'vllm:iteration_tokens_total_count{{engine="0"}} {3 * n}\n'
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -94,8 +97,8 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     model.mkdir()
     cache.mkdir()
     write = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.serve_h200 import write_tokenizer; "
-        f"from pathlib import Path; write_tokenizer(Path({str(model)!r}), 2000)"
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.serve_h200 import"
+        f" write_tokenizer; from pathlib import Path; write_tokenizer(Path({str(model)!r}), 2000)"
     )
     subprocess.run([str(python), "-c", write], env=clean_env(), check=True, capture_output=True)
     # baseline compiles twice in its first warm-up; fixed-plugin once in its second timed run
@@ -104,35 +107,62 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     for server in servers.values():
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        plan = {"arms": [{"arm": arm, "port": s.server_port, "log": str(tmp_path / f"{arm}.log"),
-                          "pgid": os.getpgid(0)} for arm, s in servers.items()],
-                "reps": 2, "max_warmups": 4, "load": LOAD, "model": str(model), "jit_cache": str(cache),
-                "client_cpus": sorted(os.sched_getaffinity(0))[-1:], "warmups_end": time.time() + 600,
-                "first_rep": 2, "end": time.time() + 600, "metrics_dir": str(tmp_path)}  # fmt: skip
+        plan = {
+            "arms": [
+                {
+                    "arm": arm,
+                    "port": s.server_port,
+                    "log": str(tmp_path / f"{arm}.log"),
+                    "pgid": os.getpgid(0),
+                }
+                for arm, s in servers.items()
+            ],
+            "reps": 2,
+            "max_warmups": 4,
+            "load": LOAD,
+            "model": str(model),
+            "jit_cache": str(cache),
+            "client_cpus": sorted(os.sched_getaffinity(0))[-1:],
+            "warmups_end": time.time() + 600,
+            "first_rep": 2,
+            "end": time.time() + 600,
+            "metrics_dir": str(tmp_path),
+        }
         # first_rep: a second call on the same servers (--attach) numbers its pairs on, here 2 and 3
         for arm in plan["arms"]:
             Path(arm["log"]).write_text("")
         out = tmp_path / "bench.json"
-        proc = subprocess.run([str(python), "-c", serve.BENCH_CHILD, json.dumps(plan), str(out)],
-                              env=clean_env(HF_HUB_OFFLINE="1", DSPARK_HOTFIX="0"), capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            [str(python), "-c", serve.BENCH_CHILD, json.dumps(plan), str(out)],
+            env=clean_env(HF_HUB_OFFLINE="1", DSPARK_HOTFIX="0"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         for server in servers.values():
             server.shutdown()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = json.loads(out.read_text())
     assert [(r["arm"], r["phase"], r["rep"], r["jit_compiles"]) for r in runs] == [
-        ("baseline", "warmup", 100, 2), ("baseline", "warmup", 101, 0),  # until a run compiles nothing
+        # until a run compiles nothing
+        ("baseline", "warmup", 100, 2),
+        ("baseline", "warmup", 101, 0),
         ("fixed-plugin", "warmup", 100, 0),
-        ("baseline", "timed", 2, 0), ("fixed-plugin", "timed", 2, 0),  # A B
-        ("fixed-plugin", "timed", 3, 1), ("baseline", "timed", 3, 0),  # B A
-    ]  # fmt: skip
+        ("baseline", "timed", 2, 0),
+        ("fixed-plugin", "timed", 2, 0),  # A B
+        ("fixed-plugin", "timed", 3, 1),
+        ("baseline", "timed", 3, 0),  # B A
+    ]
     assert {(r["result"]["completed"], r["result"]["failed"]) for r in runs} == {
         (LOAD["prompts"], 0)
     }
     # One seed: every run of either server sent the same prompts.
-    per_run = [sorted(s.prompts[i:i + LOAD["prompts"]]) for s in servers.values()
-               for i in range(0, len(s.prompts), LOAD["prompts"])]  # fmt: skip
+    per_run = [
+        sorted(s.prompts[i : i + LOAD["prompts"]])
+        for s in servers.values()
+        for i in range(0, len(s.prompts), LOAD["prompts"])
+    ]
     assert len(per_run) == len(runs) and all(prompts == per_run[0] for prompts in per_run)
     assert len(set(per_run[0])) == LOAD["prompts"]  # and they are 8 different prompts
     # Each run's cost: the stand-ins' engine steps counted from /metrics, the CPU of the servers'
@@ -141,14 +171,19 @@ def test_the_bench_warms_up_until_nothing_compiles_then_pairs_runs_of_one_seed(t
     assert all(
         sum(r["cost"]["server_cpu_s"].values()) >= 0 and r["cost"]["server_cpu_s"] for r in runs
     )
-    assert all(r["cost"]["client_cpu_s"] > 0 and 0 <= r["cost"]["host_steal"] <= r["cost"]["host_busy"] <= 1
-               and r["cost"]["epoch"][0] < r["cost"]["epoch"][1] for r in runs)  # fmt: skip
+    assert all(
+        r["cost"]["client_cpu_s"] > 0
+        and 0 <= r["cost"]["host_steal"] <= r["cost"]["host_busy"] <= 1
+        and r["cost"]["epoch"][0] < r["cost"]["epoch"][1]
+        for r in runs
+    )
     # every server's whole /metrics, as found at the call's start and after each of its runs
     for arm in servers:
         scrapes = (tmp_path / f"metrics-{arm}.prom").read_text().split("# scrape ")[1:]
         tags = [s.split(" epoch=")[0] for s in scrapes]
-        assert tags == [f"arm={arm} before=call"] + [f"arm={arm} after={r['phase']}-{r['rep']}" for r in runs
-                                                     if r["arm"] == arm]  # fmt: skip
+        assert tags == [f"arm={arm} before=call"] + [
+            f"arm={arm} after={r['phase']}-{r['rep']}" for r in runs if r["arm"] == arm
+        ]
         accepted = [
             float(s.split("vllm:spec_decode_num_accepted_tokens_total ")[1].split()[0])
             for s in scrapes

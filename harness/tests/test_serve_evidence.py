@@ -1,4 +1,5 @@
-"""The H200 server evidence: docs/evidence/serve-h200.json holds what harness/serve_h200.py computes from its runs."""
+"""The H200 server evidence: docs/evidence/serve-h200.json holds what harness/serve_h200.py computes
+from its runs."""
 
 from __future__ import annotations
 
@@ -35,15 +36,20 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert [o["shim_summaries"] for o in outcomes["fixed-plugin"] if o["tp"] == "tp2"] == [4]
     # every baseline server came up, but call 50's: it still captured CUDA graphs when that call's
     # budget ended (it had waited out DeepGEMM's start-up warm-up on a cold cache in call 49)
-    assert all(o["outcome"] == "ready" and o["shim_summaries"] == 0 for o in outcomes["baseline"]
-               if o["server"] != "call50-01-baseline")  # fmt: skip
+    assert all(
+        o["outcome"] == "ready" and o["shim_summaries"] == 0
+        for o in outcomes["baseline"]
+        if o["server"] != "call50-01-baseline"
+    )
     assert [o["outcome"] for o in outcomes["baseline"] if o["server"] == "call50-01-baseline"] == [
         "timeout"
     ]
-    # CUDA graphs (calls 49 on) are compared with each other; their probe gave the eager servers' texts too
+    # CUDA graphs (calls 49 on) are compared with each other; their probe gave the eager servers'
+    # texts too
     assert data["figures"]["same_completions"] == {"tp1": True, "tp1-cudagraph": True, "tp2": True}
-    assert data["figures"]["probes"]["tp1-cudagraph"] == {arm: data["figures"]["probes"]["tp1"]["baseline"]
-                                                          for arm in ("baseline", "fixed-plugin")}  # fmt: skip
+    assert data["figures"]["probes"]["tp1-cudagraph"] == {
+        arm: data["figures"]["probes"]["tp1"]["baseline"] for arm in ("baseline", "fixed-plugin")
+    }
     # the hybrid KV cache manager off: unmodified 0.25.0 dies with the reported error; with the shim
     # it stops at KV-cache grouping with the cause, every process having logged its line
     servers = {s["arm"]: s for session in data["sessions"] for s in session["summary"]["servers"]}
@@ -56,7 +62,8 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
     assert stop.startswith("dspark_hotfix.registry.HotfixError: kv_cache_groups: ")
     assert "hybrid KV cache manager" in stop
     assert not servers["shim-hma-off"]["reported_error"]
-    # call 47: one wave per run, pinned; every run made the same batches and every pair decoded alike
+    # call 47: one wave per run, pinned; every run made the same batches and every pair decoded
+    # alike
     bench = data["figures"]["bench"]["call47"]
     assert bench["all"] == bench["clean"] and bench["clean"]["pairs"] == 10 and bench["failed"] == 0
     low, high = bench["clean"]["ci95"]
@@ -70,7 +77,8 @@ def test_the_committed_evidence_holds_the_figures_its_own_runs_give(serve):
         bench["failed"] == 0
         and bench["pairs_with_the_same_spec_decode"] == bench["all"]["pairs"] == 4
     )
-    # call 52, CUDA graphs, 128 at 128: one pair, both runs compiling (TileLang, new shapes): no clean pair
+    # call 52, CUDA graphs, 128 at 128: one pair, both runs compiling (TileLang, new shapes): no
+    # clean pair
     bench = data["figures"]["bench"]["call52"]
     assert bench["all"]["pairs"] == 1 and bench["clean"] == {"pairs": 0} and bench["failed"] == 0
     assert all(n > 0 for arm in bench["jit_compiles"].values() for n in arm)
@@ -100,7 +108,8 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
             answered == figure["logged_processes"] for answered in figure["answered"].values()
         )
         assert len(figure["logged_processes"]) == 2 and len(figure["answered"]) == 2
-    # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at start-up
+    # fixed-plugin: the shim in both processes, by vLLM's plugin loader; its 16 calls all at
+    # start-up
     assert all(pids == fixed["logged_processes"] for pids in fixed["with_the_shim"].values())
     assert fixed["activated_by"] == ["vllm-plugin"]
     assert fixed["at_ready"] == {
@@ -118,7 +127,8 @@ def test_the_shim_is_called_at_start_up_only_in_every_process_of_the_served_benc
         all(pids == [] for pids in baseline["with_the_shim"].values())
         and baseline["at_ready"] == {}
     )
-    # what the benchmark between the two readings sent to the fixed server: every run's requests completed
+    # what the benchmark between the two readings sent to the fixed server: every run's requests
+    # completed
     session = next(s for s in data["sessions"] if s["source"] == "call52")["summary"]
     runs = [r for r in session["bench_runs"] if r["arm"] == "fixed-plugin"]
     assert len(runs) == 2 and all(r["result"]["completed"] == 128 for r in runs)
@@ -201,7 +211,7 @@ def test_the_ratio_pairs_repetitions_and_leaves_pairs_with_a_compile_out_of_the_
     assert serve.bench_ratio([r for r in runs if r["arm"] == "baseline"]) == {"arms": ["baseline"]}
 
 
-def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_and_give_the_bugs_cost(
+def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_and_the_bugs_cost(
     serve,
 ):
     runs = []
@@ -220,14 +230,19 @@ def test_the_silent_forms_pairs_measure_the_plugin_against_the_tolerant_build_an
     ] == pytest.approx(0.2611, 1e-3)
     assert ratio["acceptance_by_position"] == {"tolerant-plugin": [1.0] * 5, "tolerant": [0.0] * 5}
     # against baseline nothing of the kind is added: the committed figures keep their keys
-    assert "reference_arm" not in serve.bench_ratio([dict(r, arm=r["arm"].replace("tolerant", "baseline"))
-                                                     for r in runs if r["arm"] == "tolerant"] +
-                                                    [r for r in runs if r["arm"] == "tolerant-plugin"])  # fmt: skip
+    assert "reference_arm" not in serve.bench_ratio(
+        [
+            dict(r, arm=r["arm"].replace("tolerant", "baseline"))
+            for r in runs
+            if r["arm"] == "tolerant"
+        ]
+        + [r for r in runs if r["arm"] == "tolerant-plugin"]
+    )
 
 
 def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured(matrix):
-    # the figure over the most pairs in which no run compiled, and the card it ran on, as docs/OPERATORS.md's
-    # A/B recipe says them
+    # the figure over the most pairs in which no run compiled, and the card it ran on, as
+    # docs/OPERATORS.md's A/B recipe says them
     serve = json.loads(EVIDENCE.read_text())
     calls, measured = max(
         (
@@ -248,8 +263,10 @@ def test_the_operators_ab_recipe_gives_the_silent_forms_cost_as_measured(matrix)
 
 
 def test_an_arms_spread_is_over_its_runs_that_compiled_nothing(serve):
-    runs = [_run("fixed-plugin", rep, rate, compiles=9 if rate == 10.0 else 0) for rep, rate in
-            enumerate([100.0, 110.0, 10.0, 90.0])] + [_run("baseline", 0, 100.0)]  # fmt: skip
+    runs = [
+        _run("fixed-plugin", rep, rate, compiles=9 if rate == 10.0 else 0)
+        for rep, rate in enumerate([100.0, 110.0, 10.0, 90.0])
+    ] + [_run("baseline", 0, 100.0)]
     spread = serve.bench_ratio(runs)["clean_spread"]
     assert spread == {"fixed-plugin": 0.2, "baseline": None}
 
@@ -269,8 +286,15 @@ def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
             "%Y/%m/%d %H:%M:%S.%f"
         )[:-3]
 
-    samples = "\n".join([f"{stamp(0.5)}, 1980, 300.00", f"{stamp(1.0)}, 1500, 400.00", f"{stamp(2.5)}, 1980, 500.0",
-                         f"{stamp(9.0)}, [N/A], 1.0", "not a sample"])  # fmt: skip
+    samples = "\n".join(
+        [
+            f"{stamp(0.5)}, 1980, 300.00",
+            f"{stamp(1.0)}, 1500, 400.00",
+            f"{stamp(2.5)}, 1980, 500.0",
+            f"{stamp(9.0)}, [N/A], 1.0",
+            "not a sample",
+        ]
+    )
     runs = [
         {"cost": {"epoch": [1_800_000_000.4, 1_800_000_001.1]}},
         {"cost": {"epoch": [1_800_000_008, 1_800_000_010]}},
@@ -290,7 +314,8 @@ def test_each_run_gets_the_gpu_samples_taken_within_its_span(serve):
 
 def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
     e2e = serve._e2e()
-    # Each patch alone and every patch but one, for each patch of ALL (none or several of them stops).
+    # Each patch alone and every patch but one, for each patch of ALL (none or several of them
+    # stops).
     one = [f"{how}-{patch.name}" for patch in ALL for how in ("only", "without")]
     envs = {arm: serve.arm_env(e2e, arm) for arm in (*serve.ARMS, *one)}
     for arm, (env, prefix) in envs.items():
@@ -332,15 +357,30 @@ def test_each_arm_runs_the_tree_and_the_activation_it_names(serve):
 
 
 def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_its_shutdown(serve):
-    log = "\n".join([
-        "(APIServer pid=10) INFO 12-01 06:34:49 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 10) via sitecustomize: "
-        "4 patched, 2 pending (...)",
-        "INFO 12-01 06:35:13 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 11) via sitecustomize: 5 patched, 1 pending",
-        "(EngineCore pid=11) ERROR 12-01 06:32:00 [core.py:1231] RuntimeError: kv must have shape "
-        "(num_blocks, page_block_size, h_kv, bytes_per_token)",
-        "(APIServer pid=10) INFO 12-01 09:34:50 [launcher.py:100] [shutdown] API server: shutdown triggered",
-        "(APIServer pid=10) ERROR 12-01 09:34:50 [async_llm.py:704] vllm.v1.engine.exceptions.EngineDeadError: ...",
-    ])  # fmt: skip
+    log = "\n".join(
+        [
+            (
+                "(APIServer pid=10) INFO 12-01 06:34:49 [dspark_hotfix] dspark_hotfix 0.3.0 (pid"
+                " 10) via sitecustomize: 4 patched, 2 pending (...)"
+            ),
+            (
+                "INFO 12-01 06:35:13 [dspark_hotfix] dspark_hotfix 0.3.0 (pid 11) via"
+                " sitecustomize: 5 patched, 1 pending"
+            ),
+            (
+                "(EngineCore pid=11) ERROR 12-01 06:32:00 [core.py:1231] RuntimeError: kv must have"
+                " shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+            ),
+            (
+                "(APIServer pid=10) INFO 12-01 09:34:50 [launcher.py:100] [shutdown] API server:"
+                " shutdown triggered"
+            ),
+            (
+                "(APIServer pid=10) ERROR 12-01 09:34:50 [async_llm.py:704]"
+                " vllm.v1.engine.exceptions.EngineDeadError: ..."
+            ),
+        ]
+    )
     facts = serve.log_facts(log + "\n(Worker pid=12) INFO starting\n(Worker_TP0 pid=12) INFO ready")
     assert facts["processes"] == ["APIServer 10", "EngineCore 11", "Worker_TP0 12"]
     assert facts["shim_summary_pids"] == [10, 11]
@@ -351,10 +391,14 @@ def test_a_servers_log_gives_its_processes_the_shim_lines_and_the_error_before_i
 FAKE_VLLM = """#!{python}
 import http.server, os, signal, sys, time
 port = int(sys.argv[sys.argv.index("--port") + 1])
-print(f"(EngineCore pid={{os.getpid()}}) INFO deep_gemm_warmup={{os.environ.get('VLLM_DEEP_GEMM_WARMUP')}} "
+warmup = os.environ.get("VLLM_DEEP_GEMM_WARMUP")
+print(f"(EngineCore pid={{os.getpid()}}) INFO deep_gemm_warmup={{warmup}} "
       f"cpus={{sorted(os.sched_getaffinity(0))}}", flush=True)
 time.sleep(1)
-print(f"(EngineCore pid={{os.getpid()}}) INFO [kv_cache_utils.py:2146] GPU KV cache size: 100 tokens", flush=True)
+print(
+    f"(EngineCore pid={{os.getpid()}}) INFO [kv_cache_utils.py:2146] GPU KV cache size: 100 tokens",
+    flush=True,
+)
 signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -369,7 +413,8 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 def test_a_server_is_followed_from_its_log_to_ready_and_stopped_with_its_process_group(
     serve, tmp_path, monkeypatch
 ):
-    # What runs on the GPU machine around `vllm serve`, here with a stand-in `vllm` on the arm's PATH.
+    # What runs on the GPU machine around `vllm serve`, here with a stand-in `vllm` on the arm's
+    # PATH.
     import argparse
     import socket
     import sys
@@ -405,7 +450,8 @@ import http.server, multiprocessing, os, signal, sys, time
 
 def start():  # what vLLM's plugin loader does in each process it starts, then the model vLLM builds
     import vllm
-    sys.path.append({repo!r})  # the tests' toy patches (tests/toys.py) as the patch set: no real patch's
+    # the tests' toy patches (tests/toys.py) as the patch set: no real patch's
+    sys.path.append({repo!r})
     import tests.toys
     tests.toys.use()
     from dspark_hotfix import plugin
@@ -456,10 +502,10 @@ if __name__ == "__main__":
 def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving(
     serve, tmp_path, monkeypatch
 ):
-    # The counts hook as the GPU machine runs it: a .pth in the interpreter's own site directory (here
-    # a fresh venv's), the `fixed-plugin` arm's PYTHONPATH (the stand-in build in place of the
-    # reverted copy), the shim activated by the plugin function alone, in the server and in its spawned
-    # children; the hook never activates it (the helper imports vLLM and has no shim).
+    # The counts hook as the GPU machine runs it: a .pth in the interpreter's own site directory
+    # (here a fresh venv's), the `fixed-plugin` arm's PYTHONPATH (the stand-in build in place of the
+    # reverted copy), the shim activated by the plugin function alone, in the server and in its
+    # spawned children; the hook never activates it (the helper imports vLLM and has no shim).
     import argparse
     import socket
     import subprocess
@@ -473,8 +519,14 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
         [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True
     )
     python = tmp_path / "venv" / "bin" / "python"
-    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    site_dir = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     pth = serve.install_counts_hook(site_dir, tmp_path / "counts-hook")
     assert pth.parent == site_dir
     e2e = serve._e2e()
@@ -496,7 +548,8 @@ def test_every_server_process_reports_the_shims_calls_at_ready_and_after_serving
         assert server.wait_ready(60) == "ready"
         ready = server.shim_calls("ready")
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/serve", timeout=10).read()
-        # a later call takes the running server over (--keep-servers, then --attach), reads and stops it
+        # a later call takes the running server over (--keep-servers, then --attach), reads and
+        # stops it
         attached = serve.Server.attach(json.loads(json.dumps(server.kept())))
         attached.shim_calls("after-bench")
         attached.stop()

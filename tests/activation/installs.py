@@ -1,6 +1,6 @@
 """The children of test_registry.py, as real Python: each function is one child process's whole run,
-started in a fresh interpreter by ``tests.conftest.call_in_child``. Standard library (and ``tests.child``)
-only at the top.
+started in a fresh interpreter by ``tests.conftest.call_in_child``. Standard library (and
+``tests.child``) only at the top.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from tests.child import (
 
 
 def two_installs_at_once() -> None:
-    """vLLM's plugin loader and an application's own call install at once, after vLLM is imported (no
-    start-up hook), each decision slowed down; prints what each caller returns to, the wrap depths, and the
-    patches decided (one entry per decision)."""
+    """vLLM's plugin loader and an application's own call install at once, after vLLM is imported
+    (no start-up hook), each decision slowed down; prints what each caller returns to, the wrap
+    depths, and the patches decided (one entry per decision)."""
     import_toy_targets()
     use_toys()
     import dspark_hotfix
@@ -95,8 +95,8 @@ def install_three_times() -> None:
 
 
 def activation_interrupted_then_retried(install: bool) -> None:
-    """Ctrl-C lands as the start-up hook's activation puts the shim's finder in place; then the import is
-    retried (and, with ``install``, install() called)."""
+    """Ctrl-C lands as the start-up hook's activation puts the shim's finder in place; then the
+    import is retried (and, with ``install``, install() called)."""
     use_toys()
     from dspark_hotfix import registry
 
@@ -118,8 +118,8 @@ def activation_interrupted_then_retried(install: bool) -> None:
 
 
 def wrapt_without_its_chained_loader() -> None:
-    """A wrapt whose importer has no ``_ImportHookChainedLoader`` (the loader the shim's finder hands out):
-    install(), then every target imported as vLLM would."""
+    """A wrapt whose importer has no ``_ImportHookChainedLoader`` (the loader the shim's finder
+    hands out): install(), then every target imported as vLLM would."""
     use_toys()
     import wrapt.importer
 

@@ -1,9 +1,10 @@
-"""The children of test_never_undone.py, as real Python: each function is one child process's whole run,
-started in a fresh interpreter by ``tests.conftest.call_in_child`` with the stand-in alone on its path (no
-start-up hook; the repository goes last, so the shim is imported only where the child asks).
+"""The children of test_never_undone.py, as real Python: each function is one child process's whole
+run, started in a fresh interpreter by ``tests.conftest.call_in_child`` with the stand-in alone on
+its path (no start-up hook; the repository goes last, so the shim is imported only where the child
+asks).
 
-The interrupts are made where they land by the child itself (the registry's decision raises ``KeyboardInterrupt``
-at a chosen call), never by a branch in the shim. Standard library (and
+The interrupts are made where they land by the child itself (the registry's decision raises
+``KeyboardInterrupt`` at a chosen call), never by a branch in the shim. Standard library (and
 ``tests.child``) only at the top.
 """
 
@@ -26,7 +27,8 @@ from tests.child import (
 
 
 def plugin_interrupted(at: int) -> None:
-    """vLLM calls a plugin once per process: its activation interrupted at the ``at``-th decision."""
+    """vLLM calls a plugin once per process: its activation interrupted at the ``at``-th
+    decision."""
     use_toys()
     import_toy_targets()
     interrupt_registry(at)
@@ -42,7 +44,8 @@ def plugin_interrupted(at: int) -> None:
 
 
 def waiter_of_an_interrupted_activation() -> None:
-    """The main thread's activation is interrupted while a second thread waits for it in install()."""
+    """The main thread's activation is interrupted while a second thread waits for it in
+    install()."""
     use_toys()
     import_toy_targets()
     import dspark_hotfix
@@ -68,8 +71,8 @@ def waiter_of_an_interrupted_activation() -> None:
 
 
 def hook_interrupted_during_its_modules_import() -> None:
-    """wrapt drops a module's hooks as it runs them: an interrupt in the decision ends the import, which is
-    then retried."""
+    """wrapt drops a module's hooks as it runs them: an interrupt in the decision ends the import,
+    which is then retried."""
     use_toys()
     import dspark_hotfix
     from dspark_hotfix import registry
@@ -96,8 +99,9 @@ def hook_interrupted_during_its_modules_import() -> None:
 
 
 def fork_while_a_thread_imports() -> None:
-    """A thread of the parent is part-way through importing the planner's module when the parent forks;
-    the child loads the plugin, as a forked worker does, and prints each patch's state and detail."""
+    """A thread of the parent is part-way through importing the planner's module when the parent
+    forks; the child loads the plugin, as a forked worker does, and prints each patch's state and
+    detail."""
     use_toys()
     release = threading.Event()  # the planner's import lock held in the importing thread until set
     inside = slow_import("vllm.toy_planner", "importer", release=release)
@@ -124,8 +128,8 @@ def fork_while_a_thread_imports() -> None:
 
 
 def metrics_after_an_interrupted_activation_and_a_whole_one() -> None:
-    """The scrape-time collector's gauges and status(), after an activation interrupted at its third decision
-    and a whole one."""
+    """The scrape-time collector's gauges and status(), after an activation interrupted at its third
+    decision and a whole one."""
     use_toys()
     import_toy_targets()
     import prometheus_client
@@ -149,7 +153,8 @@ def metrics_after_an_interrupted_activation_and_a_whole_one() -> None:
 
 
 def fork_after_a_whole_activation() -> None:
-    """A child forked after the plugin's activation: its wrap depths and states, written to the parent."""
+    """A child forked after the plugin's activation: its wrap depths and states, written to the
+    parent."""
     use_toys()
     import_toy_targets()
     import dspark_hotfix

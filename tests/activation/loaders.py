@@ -1,8 +1,8 @@
-"""The children of test_import_watcher.py, as real Python: each function is one child process's whole run,
-started in a fresh interpreter by ``tests.conftest.call_in_child`` (the repository first on its path: the
-start-up hook active). Each imports vLLM the way the tool it mimics does (ddtrace's module watchdog,
-wrapt's importer, importlib's lazy loader, an availability check), then prints status() as its last line.
-Standard library (and ``tests.child``) only at the top.
+"""The children of test_import_watcher.py, as real Python: each function is one child process's
+whole run, started in a fresh interpreter by ``tests.conftest.call_in_child`` (the repository first
+on its path: the start-up hook active). Each imports vLLM the way the tool it mimics does (ddtrace's
+module watchdog, wrapt's importer, importlib's lazy loader, an availability check), then prints
+status() as its last line. Standard library (and ``tests.child``) only at the top.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from tests.child import import_toy_targets, print_status, use_toys
 
 
 def copies_of(spec: Any) -> list[Any]:
-    """The spec's type of loader, and whether each copy of the spec (copy, deepcopy, pickle) and of its
-    loader still reads the module's file."""
+    """The spec's type of loader, and whether each copy of the spec (copy, deepcopy, pickle) and of
+    its loader still reads the module's file."""
     copies = [
         copy.copy(spec),
         copy.deepcopy(spec),
@@ -40,15 +40,16 @@ def then_status() -> None:
 
 
 def vllm_spec_copied_before_the_import() -> None:
-    """Availability checks call find_spec("vllm") before vLLM is imported: its loader is the proxy."""
+    """Availability checks call find_spec("vllm") before vLLM is imported: its loader is the
+    proxy."""
     use_toys()
     print(json.dumps(copies_of(importlib.util.find_spec("vllm"))))
     then_status()
 
 
 def hooked_specs_copied_before_their_import(module: str) -> None:
-    """Once vLLM is imported, wrapt's finder gives each hook target not imported yet (``module``, and
-    prometheus_client) its own proxy loader: copies of those specs, then the imports."""
+    """Once vLLM is imported, wrapt's finder gives each hook target not imported yet (``module``,
+    and prometheus_client) its own proxy loader: copies of those specs, then the imports."""
     use_toys()
     import vllm  # noqa: F401
 
@@ -76,9 +77,10 @@ def outer_finder(
     exec_module: Callable[[Any, Any], None],
     create_module: Callable[[Any, Any], Any] | None = None,
 ) -> None:
-    """A finder ahead of the watcher that wraps whatever loader the finders after it give (the watcher's
-    proxy) in an ``Outer`` loader, the way ddtrace's ModuleWatchdog does: ``exec_module(outer, module)`` is
-    its exec_module, ``create_module(outer, spec)`` its create_module (by default the inner one's)."""
+    """A finder ahead of the watcher that wraps whatever loader the finders after it give (the
+    watcher's proxy) in an ``Outer`` loader, the way ddtrace's ModuleWatchdog does:
+    ``exec_module(outer, module)`` is its exec_module, ``create_module(outer, spec)`` its
+    create_module (by default the inner one's)."""
 
     class Outer:
         def __init__(self, inner: Any) -> None:
@@ -105,7 +107,8 @@ def outer_finder(
 
 
 def loader_wrapped_around_the_proxy() -> None:
-    """The outer loader sees its own object in __loader__ and __spec__.loader while the proxy runs."""
+    """The outer loader sees its own object in __loader__ and __spec__.loader while the proxy
+    runs."""
     use_toys()
 
     def exec_module(outer: Any, module: Any) -> None:
@@ -148,8 +151,8 @@ def module_refusing_its_loader() -> None:
 
 
 def get_code_set_on_the_proxy() -> None:
-    """ddtrace's watchdog (ddtrace/internal/module.py) assigns get_code on the loader it wraps, to transform
-    the module's code."""
+    """ddtrace's watchdog (ddtrace/internal/module.py) assigns get_code on the loader it wraps, to
+    transform the module's code."""
     use_toys()
 
     def exec_module(outer: Any, module: Any) -> None:
@@ -197,8 +200,8 @@ def wrapt_hook_on_vllm_registered_before_the_import() -> None:
 
 
 def loaders_of_vllm_modules_after_activation() -> None:
-    """The loader the finders give vLLM's modules: the package (the first import, which activates), then a
-    module imported once the activation is whole."""
+    """The loader the finders give vLLM's modules: the package (the first import, which activates),
+    then a module imported once the activation is whole."""
     use_toys()
     print(type(importlib.util.find_spec("vllm").loader).__name__)  # type: ignore[union-attr]
     import vllm  # noqa: F401

@@ -1,8 +1,8 @@
-"""The children of test_concurrency.py, as real Python: each function is one child process's whole run,
-started in a fresh interpreter by ``tests.conftest.call_in_child``.
+"""The children of test_concurrency.py, as real Python: each function is one child process's whole
+run, started in a fresh interpreter by ``tests.conftest.call_in_child``.
 
-Standard library (and ``tests.child``) only at the top: a child imports the stand-in build, the toys and
-the shim itself, in the order its race needs.
+Standard library (and ``tests.child``) only at the top: a child imports the stand-in build, the toys
+and the shim itself, in the order its race needs.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from tests.child import (
     wrap_depths,
 )
 
-# 1. A hang at start-up: activation ran in VllmImportWatcher.find_spec, under the global import lock.
-# Each child starts with the repository first on its path: the start-up hook is active.
+# 1. A hang at start-up: activation ran in VllmImportWatcher.find_spec, under the global import
+#    lock. Each child starts with the repository first on its path: the start-up hook is active.
 
 
 def wrapt_imported_in_another_thread() -> None:
-    """Another library imports wrapt in a second thread while vLLM's first module is imported in the main
-    one: activation imports wrapt too."""
+    """Another library imports wrapt in a second thread while vLLM's first module is imported in the
+    main one: activation imports wrapt too."""
     hang_guard()
     use_toys()
     inside = slow_import("wrapt", "second")
@@ -76,13 +76,15 @@ def status_asked_in_another_thread() -> None:
     print_status()
 
 
-# 2. A half-done activation: a second caller went on before the hooks existed. Each child starts with the
-# stand-in alone on its path (no start-up hook), imports vLLM, then the shim (the repository goes last).
+# 2. A half-done activation: a second caller went on before the hooks existed. Each child starts
+#    with the stand-in alone on its path (no start-up hook), imports vLLM, then the shim (the
+#    repository goes last).
 
 
 def plugin_registered_in_another_thread() -> None:
-    """The main thread activates (slowed down in its import of wrapt); meanwhile vLLM's plugin loader calls
-    register() in another thread, then imports a target's module and uses its target at once."""
+    """The main thread activates (slowed down in its import of wrapt); meanwhile vLLM's plugin
+    loader calls register() in another thread, then imports a target's module and uses its target at
+    once."""
     import vllm.toy_planner  # noqa: F401
 
     use_toys()
@@ -108,9 +110,10 @@ def plugin_registered_in_another_thread() -> None:
 
 
 def target_imported_while_the_package_executes() -> None:
-    """The hooks are registered before vLLM is imported; the main thread executes vLLM's package (slowed
-    down), a second thread imports a target's module meanwhile, and the package's body imports a module of
-    its own. wrapt's finder would import the target's parent (the package) with the import lock held."""
+    """The hooks are registered before vLLM is imported; the main thread executes vLLM's package
+    (slowed down), a second thread imports a target's module meanwhile, and the package's body
+    imports a module of its own. wrapt's finder would import the target's parent (the package) with
+    the import lock held."""
     hang_guard()
     use_toys()
     import dspark_hotfix
@@ -129,9 +132,10 @@ def target_imported_while_the_package_executes() -> None:
 
 
 def fork_during_activation(decisions_before_fork: int, stall: float) -> None:
-    """A thread activates (a decision slowed down); the main thread forks once ``decisions_before_fork``
-    patches are decided (every target module is imported). The child calls status() and writes its activation
-    path, rows and wrap depths to the parent, which prints them."""
+    """A thread activates (a decision slowed down); the main thread forks once
+    ``decisions_before_fork`` patches are decided (every target module is imported). The child calls
+    status() and writes its activation path, rows and wrap depths to the parent, which prints them.
+    """
     import vllm.toy_planner
 
     use_toys()
@@ -173,7 +177,8 @@ def fork_during_activation(decisions_before_fork: int, stall: float) -> None:
 
 
 def plugin_registered_while_a_module_is_half_imported(module: str) -> None:
-    """vLLM's plugin loader calls register() while another thread is still executing a target's module."""
+    """vLLM's plugin loader calls register() while another thread is still executing a target's
+    module."""
     import vllm  # noqa: F401  (vLLM first, then its plugin loader: no sitecustomize)
 
     use_toys()
@@ -194,8 +199,8 @@ def plugin_registered_while_a_module_is_half_imported(module: str) -> None:
 
 
 def fork_while_wrapts_lock_is_held() -> None:
-    """wrapt's import finder takes its registration lock on every import, and wrapt does not renew it after a
-    fork: the child's first import must not hang."""
+    """wrapt's import finder takes its registration lock on every import, and wrapt does not renew
+    it after a fork: the child's first import must not hang."""
     hang_guard()
     use_toys()
     import_toy_targets()

@@ -1,20 +1,21 @@
-"""The fault sweep's child: one activation path, interrupted once at each point of the shim's work in turn.
+"""The fault sweep's child: one activation path, interrupted once at each point of the shim's work
+in turn.
 
-A point is a call event of a frame with the shim's code on its stack (the shim's own functions, and what
-they call: wrapt, the import system, logging, a probe's call into vLLM), the return of a call the shim
-makes into C, or a jump back in the shim's own code: everywhere CPython can run a signal handler while the
-shim works. :func:`sweep` runs the path once
-whole, counting the main thread's points, then forks one process per point; that process raises
-``KeyboardInterrupt`` at its point (from a trace function, as a Ctrl-C's handler would), then does what the
-process would do next: the interrupted step again (an import retried, ``install()`` called again; vLLM's
-plugin loader, which loads plugins once per process, returns at once), then the rest of the process kind's
-imports. It reports what every reader says then, and what the process does.
+A point is a call event of a frame with the shim's code on its stack (the shim's own functions, and
+what they call: wrapt, the import system, logging, a probe's call into vLLM), the return of a call
+the shim makes into C, or a jump back in the shim's own code: everywhere CPython can run a signal
+handler while the shim works. :func:`sweep` runs the path once whole, counting the main thread's
+points, then forks one process per point; that process raises ``KeyboardInterrupt`` at its point
+(from a trace function, as a Ctrl-C's handler would), then does what the process would do next: the
+interrupted step again (an import retried, ``install()`` called again; vLLM's plugin loader, which
+loads plugins once per process, returns at once), then the rest of the process kind's imports. It
+reports what every reader says then, and what the process does.
 
-The paths: the start-up hook (the test puts the checkout first on the path), ``install()``, and vLLM's
-plugin loader. The process kinds' import orders are those of vLLM's processes on the toy build: the API
-server imports the metrics client early, the engine core late, a tensor-parallel worker never imports the
-planner (the registry does). ``waiting``: at the first point a second thread starts what waits for the
-activation the main thread is making (:func:`second_step`).
+The paths: the start-up hook (the test puts the checkout first on the path), ``install()``, and
+vLLM's plugin loader. The process kinds' import orders are those of vLLM's processes on the toy
+build: the API server imports the metrics client early, the engine core late, a tensor-parallel
+worker never imports the planner (the registry does). ``waiting``: at the first point a second
+thread starts what waits for the activation the main thread is making (:func:`second_step`).
 
 Standard library (and ``tests.child``) only at the top: the sweep's process must reach the path with
 nothing of it imported.
@@ -63,22 +64,23 @@ def shim_code(code: Any, seen: dict[Any, bool] = {}) -> bool:  # noqa: B006  (a 
     return seen[code]
 
 
-# The jumps back where CPython checks for a signal (a loop's end): JUMP_BACKWARD_NO_INTERRUPT does not.
+# The jumps back where CPython checks for a signal (a loop's end): JUMP_BACKWARD_NO_INTERRUPT does
+# not.
 BACKWARD = {
     code for name, code in dis.opmap.items() if "BACKWARD" in name and "NO_INTERRUPT" not in name
 }
 
 
 def profiler(at: int, on_first: Any, every: bool) -> tuple[Any, Any, list[int]]:
-    """A profile function and a trace function raising KeyboardInterrupt at the ``at``-th point (0: never),
-    and the count so far.
+    """A profile function and a trace function raising KeyboardInterrupt at the ``at``-th point (0:
+    never), and the count so far.
 
-    CPython runs a signal's handler where it checks for one: as a function starts, as a call into C returns,
-    and at a loop's jump back. So with ``every`` the points are the start and the return of each function of
-    the shim and of each it calls, the return of each call the shim makes into C, and each jump back in the
-    shim's own code (the trace function's, from its opcode events); without, the start of each function of
-    the shim (the fast tier's bound), and no trace function. A generator's frames are left out: resumed, it
-    does not check."""
+    CPython runs a signal's handler where it checks for one: as a function starts, as a call into C
+    returns, and at a loop's jump back. So with ``every`` the points are the start and the return of
+    each function of the shim and of each it calls, the return of each call the shim makes into C,
+    and each jump back in the shim's own code (the trace function's, from its opcode events);
+    without, the start of each function of the shim (the fast tier's bound), and no trace function.
+    A generator's frames are left out: resumed, it does not check."""
     count = [0]
 
     def point() -> None:
@@ -138,9 +140,9 @@ def steps(path: str, names: list[str]) -> list[tuple[str, Any]]:
 
 
 def second_step(path: str, modules: list[str]) -> tuple[str, Any]:
-    """What the second thread does: import the first target's module, right under the package the main
-    thread executes (the start-up hook makes it wait for the activation), or call ``install()`` (which waits
-    for the registration under way)."""
+    """What the second thread does: import the first target's module, right under the package the
+    main thread executes (the start-up hook makes it wait for the activation), or call ``install()``
+    (which waits for the registration under way)."""
     import importlib
 
     if path == "sitecustomize":
@@ -157,7 +159,8 @@ def load_plugins() -> None:
 
 
 def plugin_distribution(folder: str) -> None:
-    """The shim's ``vllm.general_plugins`` entry point, visible to importlib.metadata from ``folder``."""
+    """The shim's ``vllm.general_plugins`` entry point, visible to importlib.metadata from
+    ``folder``."""
     info = os.path.join(folder, "dspark_hotfix-0.dist-info")
     os.makedirs(info)
     with open(os.path.join(info, "METADATA"), "w") as f:
@@ -177,8 +180,8 @@ def run_point(
     out: int,
     folder: str,
 ) -> None:
-    """One process of the sweep: the path interrupted at point ``at``, what the process does next, and what
-    every reader says, written as JSON to ``out``."""
+    """One process of the sweep: the path interrupted at point ``at``, what the process does next,
+    and what every reader says, written as JSON to ``out``."""
     stderr = os.open(os.path.join(folder, "stderr"), os.O_WRONLY | os.O_CREAT)
     os.dup2(stderr, 2)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(folder, "metrics")
@@ -277,9 +280,10 @@ def scraped(registry: Any) -> dict[str, str]:
 def sweep(
     path: str, kind: str, waiting: bool, every: bool = False, modules: list[str] | None = None
 ) -> None:
-    """Every point of the path in turn, each in a forked process; prints the whole run's reading, then one
-    JSON line per point whose reading differs from it (with its number), then the number of points. On the
-    toys, or (``modules``: the real patches' targets) on the stand-in with the real patches."""
+    """Every point of the path in turn, each in a forked process; prints the whole run's reading,
+    then one JSON line per point whose reading differs from it (with its number), then the number of
+    points. On the toys, or (``modules``: the real patches' targets) on the stand-in with the real
+    patches."""
     if modules is None:
         use_toys()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = (

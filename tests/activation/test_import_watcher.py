@@ -1,8 +1,9 @@
 """The loader the import watcher hands vLLM's modules, beside other tools that wrap loaders.
 
-Real subprocesses with the stand-in build: each child (a function of ``tests/activation/loaders.py``)
-imports vLLM the way the tool it mimics does (ddtrace's module watchdog, wrapt's importer, importlib's
-lazy loader, an availability check), then reports what the shim decided.
+Real subprocesses with the stand-in build: each child (a function of
+``tests/activation/loaders.py``) imports vLLM the way the tool it mimics does (ddtrace's module
+watchdog, wrapt's importer, importlib's lazy loader, an availability check), then reports what the
+shim decided.
 The coexistence tier (tests/coexist) runs the real tools on real vLLM.
 """
 
@@ -36,13 +37,16 @@ def test_a_vllm_spec_found_before_the_import_copies_deepcopies_and_pickles():
 
 
 def test_the_spec_of_a_hooked_module_found_before_its_import_copies_deepcopies_and_pickles():
-    # Once vLLM is imported, wrapt's finder gives each hook target not imported yet (here the toy greeting's
-    # module, and prometheus_client) its own proxy loader: copies of those specs too, then the imports.
+    # Once vLLM is imported, wrapt's finder gives each hook target not imported yet (here the toy
+    # greeting's module, and prometheus_client) its own proxy loader: copies of those specs too,
+    # then the imports.
     proc = run(loaders.hooked_specs_copied_before_their_import, GREETING.module)
     copied = '["_ImportHookChainedLoader", true, true, true, true]'
-    assert proc.stdout.splitlines()[:3] == [copied, copied, "True"], (
-        proc.stderr
-    )  # prometheus_client hooked
+    assert proc.stdout.splitlines()[:3] == [
+        copied,
+        copied,
+        "True",
+    ], proc.stderr  # prometheus_client hooked
     assert states(proc.stdout) == JUDGED, proc.stderr
 
 
@@ -66,7 +70,8 @@ def test_the_loaders_are_put_back_only_where_they_still_point_at_the_proxy():
 
 
 def test_a_module_that_refuses_its_loader_assignment_still_imports_patched():
-    # A module type whose __loader__ is read-only (the proxy, given at creation): the put-back skips it.
+    # A module type whose __loader__ is read-only (the proxy, given at creation): the put-back skips
+    # it.
     proc = run(loaders.module_refusing_its_loader)
     assert proc.stdout.splitlines()[0] == "Refusing ActivatingLoader Outer", proc.stderr
     assert states(proc.stdout) == JUDGED, proc.stderr
@@ -94,7 +99,8 @@ def test_a_wrapt_post_import_hook_on_vllm_registered_before_the_import_fires_and
 
 
 def test_once_the_activation_is_whole_the_watcher_hands_vllms_modules_their_own_loaders():
-    # The watcher steps aside after the first import that activates: every later module of vLLM is found
-    # and loaded as if the shim were not there (no proxy, no activation to ask on each import).
+    # The watcher steps aside after the first import that activates: every later module of vLLM is
+    # found and loaded as if the shim were not there (no proxy, no activation to ask on each
+    # import).
     proc = run(loaders.loaders_of_vllm_modules_after_activation)
     assert proc.stdout.split() == ["ActivatingLoader", "SourceFileLoader"], proc.stderr

@@ -1,9 +1,9 @@
-"""The interpreter and host the shim starts in, in real subprocesses: flags that skip it (-S, -E, -I)
-or keep it (-P, PYTHONSAFEPATH), read-only files, no HOME, no (or a broken) wrapt, stderr closed or raising on
-write, and what start-up imports where vLLM is never imported.
+"""The interpreter and host the shim starts in, in real subprocesses: flags that skip it (-S, -E,
+-I) or keep it (-P, PYTHONSAFEPATH), read-only files, no HOME, no (or a broken) wrapt, stderr closed
+or raising on write, and what start-up imports where vLLM is never imported.
 
-Strict mode without a usable wrapt is in tests/switches/test_strict.py; other sitecustomize files and two
-shims are in test_sitecustomize.py.
+Strict mode without a usable wrapt is in tests/switches/test_strict.py; other sitecustomize files
+and two shims are in test_sitecustomize.py.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def states(stdout: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("flag", ["-S", "-E", "-I"])
 def test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so(flag):
-    # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM on
-    # sys.path itself, as an embedding application would.
+    # First what start-up did (no watcher, no package of ours); then the code puts the shim and vLLM
+    # on sys.path itself, as an embedding application would.
     code = program(
         watchers,
         module_names,
@@ -224,7 +224,8 @@ def test_startup_imports_nothing_heavy_when_vllm_is_never_imported(switch):
     )
 
 
-# Values start-up reads itself (blank, 1, 0, padded), and every other: each word in three cases, padded, and others.
+# Values start-up reads itself (blank, 1, 0, padded), and every other: each word in three cases,
+# padded, and others.
 VALUES = [
     "",
     "  ",
@@ -245,9 +246,9 @@ VALUES = [
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)
 def test_interpreter_start_reads_every_value_as_the_packages_switch_does(value):
-    # Start-up reads blank, 1 and 0 itself (the Dockerfile's and the B arm's: the package does not load); any
-    # other value is the package's switch's to read. Either way: watching exactly where the switch is on, and
-    # the warning exactly where it has a problem.
+    # Start-up reads blank, 1 and 0 itself (the Dockerfile's and the B arm's: the package does not
+    # load); any other value is the package's switch's to read. Either way: watching exactly where
+    # the switch is on, and the warning exactly where it has a problem.
     on, problem = dspark_hotfix.switch(dspark_hotfix.ENABLE, value, True, "the shim")
     proc = run_python(program(module_names, watchers), path=(REPO,), env={"DSPARK_HOTFIX": value})
     loaded, watching = json_lines(proc.stdout)
@@ -259,7 +260,8 @@ def test_interpreter_start_reads_every_value_as_the_packages_switch_does(value):
 
 @pytest.mark.parametrize("value", ["", "bogus", "1"])
 def test_with_stderr_closed_interpreter_start_goes_on(value):
-    # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the interpreter.
+    # `2>&-` leaves sys.stderr None: a warning about a malformed switch must not end the
+    # interpreter.
     env = clean_env(DSPARK_HOTFIX=value, PYTHONPATH=os.pathsep.join((str(REPO), str(STANDIN))))
     code = program(*TOYS, ran)
     proc = subprocess.run(
@@ -281,8 +283,8 @@ def test_with_stderr_closed_interpreter_start_goes_on(value):
 def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(
     tmp_path, switch, package, stderr
 ):
-    # Each case writes a line on stderr at start-up (a blank switch is on and silent: nothing to write);
-    # a write that raised there ended every process.
+    # Each case writes a line on stderr at start-up (a blank switch is on and silent: nothing to
+    # write); a write that raised there ended every process.
     startup = REPO / "dspark_hotfix" / "startup"
     if not package:  # the start-up directory alone: the package is not two directories up
         startup = tmp_path / "a" / "b" / "c"

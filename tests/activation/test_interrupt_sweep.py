@@ -1,13 +1,13 @@
-"""Interrupt-proof by construction: each activation path interrupted once at every point of the shim's work
-in turn (tests/activation/sweep.py), then the process does what it would do next. Wherever the interrupt
-landed, every needed target ends wrapped exactly once, vLLM's functions answer as patched, and the last
-line, ``status()``, doctor and ``/metrics`` (multiprocess files and the live registry) say what a process
-that was never interrupted says.
+"""Interrupt-proof by construction: each activation path interrupted once at every point of the
+shim's work in turn (tests/activation/sweep.py), then the process does what it would do next.
+Wherever the interrupt landed, every needed target ends wrapped exactly once, vLLM's functions
+answer as patched, and the last line, ``status()``, doctor and ``/metrics`` (multiprocess files and
+the live registry) say what a process that was never interrupted says.
 
 The fast tier sweeps the start of each of the shim's functions on the toys; the slow tier (``sweep``
-marker, in ``make test``) sweeps every point on the toys, the main thread alone and with a second thread
-waiting. The stand-in with the real patches has a file of
-its own (test_interrupt_sweep_stand_in.py), so that the slow tier's two workers share the sweeps.
+marker, in ``make test``) sweeps every point on the toys, the main thread alone and with a second
+thread waiting. The stand-in with the real patches has a file of its own
+(test_interrupt_sweep_stand_in.py), so that the slow tier's two workers share the sweeps.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def swept(
 
 
 def before_install(path: str, failed: list[dict]) -> list[dict]:
-    """The plugin path's points before ``install()`` has run a statement (the package's and the plugin
-    module's start, then ``register``'s and ``install``'s): nothing of the shim has happened, the process is
-    as if vLLM's loader had been interrupted before it called the plugin, and vLLM never calls it again. Left
-    as shipped: the shim is not installed there, and every reader says so (from ``install``'s ``try`` on,
-    an interrupt finds the activation finished first)."""
+    """The plugin path's points before ``install()`` has run a statement (the package's and the
+    plugin module's start, then ``register``'s and ``install``'s): nothing of the shim has happened,
+    the process is as if vLLM's loader had been interrupted before it called the plugin, and vLLM
+    never calls it again. Left as shipped: the shim is not installed there, and every reader says so
+    (from ``install``'s ``try`` on, an interrupt finds the activation finished first)."""
     return [
         f
         for f in failed

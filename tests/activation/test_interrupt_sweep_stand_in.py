@@ -1,9 +1,10 @@
-"""The interrupt sweep (test_interrupt_sweep.py, tests/activation/sweep.py) on the stand-in with the real
-patches: on every activation path, each point interrupted once, then the process does what it would do next.
-Wherever the interrupt landed, the real patches end applied as in a process never interrupted, and every
-reader says so. ``make test`` sweeps the start of each of the shim's functions here (``sweep``); every point
-(``sweep_long``, ``make sweep``) is about 3,300 points a path (3,324 on the start-up hook's engine-core path),
-each a forked process: several times the toys' sweep.
+"""The interrupt sweep (test_interrupt_sweep.py, tests/activation/sweep.py) on the stand-in with the
+real patches: on every activation path, each point interrupted once, then the process does what it
+would do next. Wherever the interrupt landed, the real patches end applied as in a process never
+interrupted, and every reader says so. ``make test`` sweeps the start of each of the shim's
+functions here (``sweep``); every point (``sweep_long``, ``make sweep``) is about 3,300 points a
+path (3,324 on the start-up hook's engine-core path), each a forked process: several times the toys'
+sweep.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tests.activation.test_interrupt_sweep import PATHS, before_install, swept
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(("path", "kind"), PATHS)
-def test_on_the_stand_in_an_interrupt_at_the_start_of_any_of_the_shims_functions_leaves_the_real_patches_applied(
+def test_on_the_stand_in_an_interrupt_at_the_start_of_any_shim_function_leaves_the_patches_applied(
     path, kind
 ):
     assert_stand_in(path, *swept(path, kind, False, modules=stand_in_modules()))
@@ -29,10 +30,11 @@ def test_on_the_stand_in_an_interrupt_at_any_point_leaves_the_real_patches_appli
 
 
 def stand_in_modules() -> list[str]:
-    """The real patches' targets as an engine imports them: the model's through its package (vLLM's model
-    registry imports ``vllm.models.deepseek_v4``, whose ``__init__`` imports the DSpark draft: a retried import
-    of the draft's module alone would meet that cycle half-done, with or without the shim), then the others,
-    each once, those judged everywhere last (a worker never imports them)."""
+    """The real patches' targets as an engine imports them: the model's through its package (vLLM's
+    model registry imports ``vllm.models.deepseek_v4``, whose ``__init__`` imports the DSpark draft:
+    a retried import of the draft's module alone would meet that cycle half-done, with or without
+    the shim), then the others, each once, those judged everywhere last (a worker never imports
+    them)."""
     package = "vllm.models.deepseek_v4"
     targets = dict.fromkeys(p.module for p in sorted(patches.ALL, key=lambda p: p.everywhere))
     return [package, *(m for m in targets if not m.startswith(f"{package}."))]

@@ -1,9 +1,9 @@
 """The vLLM plugin path: the ``vllm.general_plugins`` entry point of the installed wheel, in real
-subprocesses: loaded by vLLM's loader, honouring ``VLLM_PLUGINS`` and the switch, sharing one installer with
-the sitecustomize path, and entries with a space (which vLLM does not strip).
+subprocesses: loaded by vLLM's loader, honouring ``VLLM_PLUGINS`` and the switch, sharing one
+installer with the sitecustomize path, and entries with a space (which vLLM does not strip).
 
-The plugin in a second thread, or registering while another thread is part way through an import, is in
-test_concurrency.py."""
+The plugin in a second thread, or registering while another thread is part way through an import, is
+in test_concurrency.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from tests.conftest import (
 # VLLM_PLUGINS with a space: vLLM does not strip its entries.
 
 SPACED = "other, dspark_hotfix"
-# The toys from the checkout, put last on the child's path (USE_LAST): the package is the wheel's, in the venv.
+# The toys from the checkout, put last on the child's path (USE_LAST): the package is the wheel's,
+# in the venv.
 PLUGINS = program(USE_LAST, import_toy_targets, load_plugins, print_status)
 
 

@@ -83,8 +83,8 @@ def test_forked_and_forkserver_children_are_patched_once_each(method, parent_imp
 
 @pytest.fixture(scope="module")
 def reloads() -> list[tuple[set[str], dict, dict]]:
-    """After each reload: the toys reloaded so far (those of every module reloaded until then), the wrap
-    depths, and status()."""
+    """After each reload: the toys reloaded so far (those of every module reloaded until then), the
+    wrap depths, and status()."""
     lines = json_lines(ran(call_in_child(workers.reloads, TARGETS)).stdout)
     done: set[str] = set()
     out = []
@@ -107,8 +107,8 @@ def test_reload_is_a_stated_limit_the_reloaded_target_runs_as_shipped_never_half
 
 
 def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patched(reloads):
-    # status() reads vLLM's attribute: a reloaded target's function is vLLM's own again, and says so. The
-    # absent target stays absent: still not needed.
+    # status() reads vLLM's attribute: a reloaded target's function is vLLM's own again, and says
+    # so. The absent target stays absent: still not needed.
     for reloaded, _, status in reloads:
         states = {row["name"]: row["state"] for row in status["patches"]}
         assert states == {
@@ -124,8 +124,9 @@ def test_after_a_reload_status_says_the_reloaded_targets_patches_failed_not_patc
 
 
 def test_spawn_children_are_each_patched():
-    # A tensor-parallel worker: it imports the greeting's module, never the planner's (as vLLM's workers
-    # never import its KV-cache grouping); the shim imports it, to judge the everywhere stop.
+    # A tensor-parallel worker: it imports the greeting's module, never the planner's (as vLLM's
+    # workers never import its KV-cache grouping); the shim imports it, to judge the everywhere
+    # stop.
     proc = ran(call_in_child(workers.spawned_workers, timeout=POOL_TIMEOUT))
     results = last_json(proc.stdout)
     assert len(results) == 8

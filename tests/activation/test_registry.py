@@ -46,9 +46,11 @@ def test_no_patch_imports_the_registry():
             names = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)
-                else [f"{node.module}.{a.name}" for a in node.names]
-                if isinstance(node, ast.ImportFrom)
-                else []
+                else (
+                    [f"{node.module}.{a.name}" for a in node.names]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
             )
             assert not [
                 n
@@ -69,9 +71,10 @@ def test_status_reads_whatever_happened_to_vllm_since_and_logs_nothing():
 
 
 def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
-    # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported
-    # from the checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
-    # The toys come from the checkout, which the child then forgets: what it imports after is the shim's doing.
+    # `dspark-hotfix path` in a checkout is dspark_hotfix/startup: the package is imported from the
+    # checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
+    # The toys come from the checkout, which the child then forgets: what it imports after is the
+    # shim's doing.
     code = program(USE_LAST, partial(forget_checkout, str(REPO)), import_toy_targets, exposed)
     startup = REPO / "dspark_hotfix" / "startup"
     found, states, path = last_json(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
@@ -90,7 +93,8 @@ def forget_checkout(repo: str) -> None:
 
 
 def exposed() -> list[object]:
-    """Which of the checkout's other top-level packages this process can import; each patch's state; sys.path."""
+    """Which of the checkout's other top-level packages this process can import; each patch's state;
+    sys.path."""
     import importlib
     import sys
 
@@ -135,9 +139,9 @@ def test_an_interrupt_during_activation_leaves_none_and_the_retry_activates_whol
     assert [state_of(line) for line in summary_lines(proc.stderr)] == [JUDGED_LINE]
 
 
-def test_a_wrapt_without_the_loader_the_shims_finder_hands_out_is_unusable_and_vllm_imports_as_shipped():
-    # The shim's finder would fail every import it hooks: the registry finds the name missing first, says
-    # wrapt is not usable, and puts no finder in place.
+def test_a_wrapt_without_the_loader_the_finder_hands_out_is_unusable_and_vllm_imports_as_shipped():
+    # The shim's finder would fail every import it hooks: the registry finds the name missing first,
+    # says wrapt is not usable, and puts no finder in place.
     proc = call_in_child(installs.wrapt_without_its_chained_loader, stand_in_alone=True)
     assert proc.returncode == 0, proc.stderr
     depth, rows = json_lines(proc.stdout)[-2:]

@@ -1,6 +1,7 @@
 """The sitecustomize path in real subprocesses: PYTHONPATH activation, chaining the image's own
-sitecustomize (shadowed, raising, adding to sys.path, importing vLLM), two copies of the shim, the start-up
-directory through a link or beside the checkout root, and an interpreter that cannot import the package."""
+sitecustomize (shadowed, raising, adding to sys.path, importing vLLM), two copies of the shim, the
+start-up directory through a link or beside the checkout root, and an interpreter that cannot import
+the package."""
 
 from __future__ import annotations
 
@@ -119,9 +120,11 @@ def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows, launched_path, watching = json_lines(proc.stdout)
-    # Both aliases reach the command (ours first); chain() takes the link off sys.path while it imports.
+    # Both aliases reach the command (ours first); chain() takes the link off sys.path while it
+    # imports.
     assert launched_path.split(os.pathsep) == [str(STARTUP), str(link), str(STANDIN)]
-    # `python -v` says each module it executes: our sitecustomize once, no second copy chained through the link.
+    # `python -v` says each module it executes: our sitecustomize once, no second copy chained
+    # through the link.
     assert (
         len(
             [
@@ -138,8 +141,8 @@ def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once
 
 
 def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ours_once():
-    # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented way to
-    # deploy it): the launcher puts the start-up directory first and keeps the root.
+    # `dspark-hotfix run` from an environment whose PYTHONPATH holds the checkout root (a documented
+    # way to deploy it): the launcher puts the start-up directory first and keeps the root.
     code = program(use_toys, partial(run_cli, "doctor", "--json"))
     proc = child(
         args=("-m", "dspark_hotfix", "run", "--", sys.executable, "-v", "-c", code),
@@ -182,8 +185,8 @@ def shadowed(tmp_path):
 
 
 def test_a_shadowed_sitecustomize_that_imports_vllm_gets_it_patched(shadowed):
-    # The image's customisation runs at start-up, before the child's code (and without the checkout on sys.path:
-    # chain() takes ours off while it imports): the toys are its patch set there.
+    # The image's customisation runs at start-up, before the child's code (and without the checkout
+    # on sys.path: chain() takes ours off while it imports): the toys are its patch set there.
     other = shadowed(
         program(
             USE_LAST,
@@ -214,8 +217,8 @@ def test_sys_path_entries_a_shadowed_sitecustomize_adds_are_kept(shadowed, tmp_p
 def test_two_copies_of_the_shim_on_the_path_patch_once(tmp_path, order):
     copy = copy_of_shim(tmp_path / "copy")
     shims = (REPO, copy) if order == "repo-first" else (copy, REPO)
-    # The child's use_toys imports the package before vLLM does, from the first copy on the path (the working
-    # directory is neither), as the start-up hook would at vLLM's import.
+    # The child's use_toys imports the package before vLLM does, from the first copy on the path
+    # (the working directory is neither), as the start-up hook would at vLLM's import.
     code = program(watchers, *TOYS, wrap_depths, print_status, package_file)
     proc = run_python(code, path=(*shims, STANDIN), cwd=tmp_path)
     watching, depth, rows, package = json_lines(proc.stdout)
@@ -239,7 +242,7 @@ def test_an_interpreter_that_cannot_import_the_package_is_named_with_the_install
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"dspark_hotfix: not active: {sys.executable} cannot import the package")
     assert line.endswith(
-        f"install it into this interpreter from a checkout or a wheel: "
+        "install it into this interpreter from a checkout or a wheel: "
         f"{sys.executable} -m pip install PATH"
     )
 

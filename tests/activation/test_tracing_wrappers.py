@@ -32,7 +32,8 @@ OFFLINE = (
 
 
 def active() -> dict[str, bool]:
-    """Whether the shim (its watcher on sys.meta_path) and each tool (its start-up module) is active here."""
+    """Whether the shim (its watcher on sys.meta_path) and each tool (its start-up module) is active
+    here."""
     import sys
 
     return {
@@ -47,11 +48,12 @@ PROBE = program(active)
 
 @pytest.fixture(scope="module")
 def tools() -> Path:
-    """The tools installed once into a cached directory (``pip install --target``), for this interpreter."""
+    """The tools installed once into a cached directory (``pip install --target``), for this
+    interpreter."""
     target = cache_dir() / f"tracing-tools-py{sys.version_info.major}{sys.version_info.minor}"
     stamp = target / ".dspark-hotfix-ready"
-    # pip writes the tools' scripts (ddtrace-run, opentelemetry-instrument) for the interpreter that installs them:
-    # another one (a venv since removed) reinstalls them
+    # pip writes the tools' scripts (ddtrace-run, opentelemetry-instrument) for the interpreter that
+    # installs them: another one (a venv since removed) reinstalls them
     wanted = f"{' '.join(TOOLS)} for {sys.executable}"
     if not (stamp.exists() and stamp.read_text() == wanted):
         proc = subprocess.run(
@@ -81,7 +83,8 @@ def tools() -> Path:
 
 
 def env(tools: Path, *path: Path | str) -> dict[str, str]:
-    """The tools' scripts first on PATH, then this interpreter's directory (the wrappers exec `python`)."""
+    """The tools' scripts first on PATH, then this interpreter's directory (the wrappers exec
+    `python`)."""
     return clean_env(
         PATH=os.pathsep.join(
             [str(tools / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]]
@@ -119,8 +122,10 @@ def test_run_refuses_to_start_opentelemetry_instrument_and_names_the_order_that_
         cwd=tmp_path,
     )
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
-    assert proc.stderr == (
-        "dspark-hotfix run: opentelemetry-instrument puts its own sitecustomize ahead of ours and "
+    assert (
+        proc.stderr
+        == "dspark-hotfix run: opentelemetry-instrument puts its own sitecustomize ahead of ours"
+        " and "
         "does not run ours, so the shim would not be active in what it starts; start it the other "
         "way round: opentelemetry-instrument [its options] dspark-hotfix run -- COMMAND\n"
     )
@@ -156,7 +161,8 @@ def test_ddtrace_run_chains_ours_so_both_orders_start_both(tools, tmp_path, orde
 def test_doctor_names_a_sitecustomize_that_runs_ahead_of_ours_and_does_not_chain_it(
     tools, tmp_path
 ):
-    # The PYTHONPATH recipe, then opentelemetry-instrument around the command: its sitecustomize comes first.
+    # The PYTHONPATH recipe, then opentelemetry-instrument around the command: its sitecustomize
+    # comes first.
     proc = run_in_env(
         ["opentelemetry-instrument", *DOCTOR], env(tools, STARTUP, STANDIN, REPO), cwd=tmp_path
     )
@@ -172,11 +178,12 @@ def test_doctor_names_a_sitecustomize_that_runs_ahead_of_ours_and_does_not_chain
         if p.startswith(f"{theirs} runs ahead of ours")
     ]
     assert said == [
-        f"{theirs} runs ahead of ours ({STARTUP / 'sitecustomize.py'}) and does not chain it, so ours "
-        "does not run: start `dspark-hotfix run` inside the tool's wrapper, which puts ours first and "
-        "chains theirs (opentelemetry-instrument dspark-hotfix run -- COMMAND)"
+        f"{theirs} runs ahead of ours ({STARTUP / 'sitecustomize.py'}) and does not chain it, so"
+        " ours does not run: start `dspark-hotfix run` inside the tool's wrapper, which puts ours"
+        " first and chains theirs (opentelemetry-instrument dspark-hotfix run -- COMMAND)"
     ]
-    # A problem where nothing else activates the shim (no plugin entry point visible here), else a warning.
+    # A problem where nothing else activates the shim (no plugin entry point visible here), else a
+    # warning.
     assert (said[0] in report["problems"]) == (not report["plugin"]["active"])
     assert proc.returncode == (1 if said[0] in report["problems"] else 0)
     # In the order that works, doctor finds ours and nothing ahead of it.

@@ -1,7 +1,7 @@
-"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``, ``_find``
-and ``_arm``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's, what the Dockerfile
-installs) and the newest
-2.x (the packaging venv's, as pip resolves the wheel's requirement)."""
+"""wrapt's private names and ways the registry relies on (``_after_fork_in_child``, ``_register``,
+``_find`` and ``_arm``), held to both ends of the wrapt range the shim supports: 1.17 (this venv's,
+what the Dockerfile installs) and the newest 2.x (the packaging venv's, as pip resolves the wheel's
+requirement)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,16 @@ def relied_on() -> dict[str, object]:
     return {
         "version": wrapt.__version__,
         "hooks": type(getattr(i, "_post_import_hooks", None)).__name__,
-        "lock": type(getattr(i, "_post_import_hooks_lock", None)).__name__
-        == type(threading.RLock()).__name__,
+        "lock": (
+            type(getattr(i, "_post_import_hooks_lock", None)).__name__
+            == type(threading.RLock()).__name__
+        ),
         "chained": isinstance(getattr(i, "_ImportHookChainedLoader", None), type),
         "finder": isinstance(getattr(i, "ImportHookFinder", None), type),
-        "finder_first": "sys.meta_path.insert(0, ImportHookFinder())"
-        in inspect.getsource(i.register_post_import_hook),
+        "finder_first": (
+            "sys.meta_path.insert(0, ImportHookFinder())"
+            in inspect.getsource(i.register_post_import_hook)
+        ),
         "notify_pops": "_post_import_hooks.pop(" in inspect.getsource(i.notify_module_loaded),
     }
 
@@ -56,8 +60,8 @@ def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
 
 
 def test_cpythons_table_of_module_locks_names_a_module_while_and_only_while_it_is_being_loaded():
-    # activate() waits (by importing it) for a module whose lock is in the table; a forked child skips the modules
-    # whose lock was in it at the fork.
+    # activate() waits (by importing it) for a module whose lock is in the table; a forked child
+    # skips the modules whose lock was in it at the fork.
     import gc
     import sys
     import threading

@@ -78,14 +78,15 @@ def opentelemetry_at_work() -> dict[str, bool]:
 
     return {
         "sitecustomize": "opentelemetry.instrumentation.auto_instrumentation" in sys.modules,
-        "sdk_tracer_provider": type(trace.get_tracer_provider()).__module__.startswith(
-            "opentelemetry.sdk"
+        "sdk_tracer_provider": (
+            type(trace.get_tracer_provider()).__module__.startswith("opentelemetry.sdk")
         ),
     }
 
 
 def shim_says() -> dict[str, Any] | None:
-    """How the shim was activated here and each patch's state; None where its package was never imported."""
+    """How the shim was activated here and each patch's state; None where its package was never
+    imported."""
     import sys
 
     if "dspark_hotfix" not in sys.modules:
@@ -127,7 +128,8 @@ ORDERS = (
     "tool-inside-pythonpath",
     "plugin-only",
 )
-# OpenTelemetry's sitecustomize does not import the one it shadows: where it goes first, ours never runs.
+# OpenTelemetry's sitecustomize does not import the one it shadows: where it goes first, ours never
+# runs.
 NOT_ACTIVE = {
     ("opentelemetry", "tool-inside-pythonpath")
 }  # (inside the launcher: refused, see the test)
@@ -197,8 +199,8 @@ def plugin_site(wheel, tmp_path_factory) -> Path:
 def argv_and_env(
     tool: Tool, order: str, site: Path, plugins: Path, python: str
 ) -> tuple[list[str], dict[str, str]]:
-    # vLLM imported (and its plugins loaded, where the plugin alone activates), every patch's target, then what
-    # the child says: the other tool's work, and the shim's.
+    # vLLM imported (and its plugins loaded, where the plugin alone activates), every patch's
+    # target, then what the child says: the other tool's work, and the shim's.
     code = program(
         partial(import_modules, ["vllm"]),
         *([load_plugins] if order == "plugin-only" else []),
@@ -253,8 +255,8 @@ def outcomes(
 def test_vllm_imports_with_the_shim_and_the_other_tool_both_at_work(outcomes, tool, order):
     proc = outcomes[tool, order]
     if (tool, order) == ("opentelemetry", "tool-inside-launcher"):
-        # OpenTelemetry's sitecustomize would go first and chain nobody: the launcher runs nothing, and says
-        # which order works.
+        # OpenTelemetry's sitecustomize would go first and chain nobody: the launcher runs nothing,
+        # and says which order works.
         assert proc.returncode == 1 and "opentelemetry-instrument" in proc.stderr, proc.stderr[
             -3000:
         ]

@@ -81,7 +81,8 @@ def test_the_build_context_holds_what_the_wheel_stage_copies():
 
 def test_doctor_runs_last_and_only_not_needed_with_the_switch_passes():
     runs = [i.value[0] for i in instructions() if i.cmd == "RUN"]
-    # No bytecode of the vLLM doctor imports: the step writes nothing into the image (the OCI tier counts the layers).
+    # No bytecode of the vLLM doctor imports: the step writes nothing into the image (the OCI tier
+    # counts the layers).
     assert re.match(
         r"PYTHONDONTWRITEBYTECODE=1 \$\{PYTHON\} -m dspark_hotfix doctor \|\|", runs[-1]
     )

@@ -1,17 +1,17 @@
 """Every shell recipe in README.md and docs/OPERATORS.md that can run here, run.
 
-Each ```sh block runs in bash, twice (``PYTHONPATH`` unset, and set to another
-directory), in a fresh venv that stands for a serving image: the project's
-recipes run in a checkout of the project, installing it as written, the stand-in build importable through a
-``.pth`` file, as an image's vLLM is, and a ``vllm`` command that imports the
-DeepSeek-V4 targets and prints what the shim did. A block that needs what this
-machine lacks starts with ``# needs: <what>, <where it is tested instead>``. A block that
-uninstalls the shim must leave the image without it; the wheel goes back for the blocks after it.
-The blocks run in the order a reader follows them, on one image (a later block uses what an earlier
-one installed): run this module whole, on one worker (``--dist loadfile``, as ``make unit`` does).
+Each ```sh block runs in bash, twice (``PYTHONPATH`` unset, and set to another directory), in a
+fresh venv that stands for a serving image: the project's recipes run in a checkout of the project,
+installing it as written, the stand-in build importable through a ``.pth`` file, as an image's vLLM
+is, and a ``vllm`` command that imports the DeepSeek-V4 targets and prints what the shim did. A
+block that needs what this machine lacks starts with ``# needs: <what>, <where it is tested
+instead>``. A block that uninstalls the shim must leave the image without it; the wheel goes back
+for the blocks after it. The blocks run in the order a reader follows them, on one image (a later
+block uses what an earlier one installed): run this module whole, on one worker (``--dist
+loadfile``, as ``make unit`` does).
 
-Then the docs' consistency: each rule in one place, the words and codes as the code has them, the links
-that resolve, the size an operator reads, and the demo's story.
+Then the docs' consistency: each rule in one place, the words and codes as the code has them, the
+links that resolve, the size an operator reads, and the demo's story.
 """
 
 from __future__ import annotations
@@ -190,8 +190,9 @@ def test_docs_spell_states_as_the_output_does():
         assert "`not needed`" not in (REPO / doc).read_text(), doc
 
 
-# An absolute path of the machine a doc was written on: a home, a developer's work tree, a test's scratch
-# directory. A reader has none of them. /tmp/<name> is fine where a committed script makes that directory.
+# An absolute path of the machine a doc was written on: a home, a developer's work tree, a test's
+# scratch directory. A reader has none of them. /tmp/<name> is fine where a committed script makes
+# that directory.
 MACHINE_PATH = re.compile(
     r"(?<![\w.~$<>-])(/(?:work|root|home|Users|private|mnt|scratch)/[^\s`'\")\]]*"
     r"|/var/folders/\S*|/tmp/[^\s`'\")\]:/]+)"
@@ -296,7 +297,8 @@ def test_the_patch_guide_names_files_that_exist():
     assert len(paths) >= 10 and [p for p in paths if not (REPO / p).exists()] == []
 
 
-# Each rule in one place. The docs an operator reads, and the pages generated from code and evidence.
+# Each rule in one place. The docs an operator reads, and the pages generated from code and
+# evidence.
 OPERATOR_DOCS = (
     "README.md",
     *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
@@ -353,12 +355,14 @@ def test_the_removal_rule_and_the_pythonpath_caution_are_written_once_and_linked
     operators = text("docs/OPERATORS.md")
     for anchor in ("#remove-it", "#check-it", "#install-and-run"):
         assert f"../README.md{anchor}" in operators, anchor
-    # The release that ends the shim's need: the rule names it, and the history; generated pages may.
+    # The release that ends the shim's need: the rule names it, and the history; generated pages
+    # may.
     assert [doc for doc in HAND_WRITTEN if "0.28.0" in text(doc)] == ["README.md", "CHANGELOG.md"]
 
 
 def test_guarding_gives_the_readmes_removal_rule_in_an_operators_words():
-    # One rule: where the shim guards, remove it only where no deployment uses the setting its stop stops.
+    # One rule: where the shim guards, remove it only where no deployment uses the setting its stop
+    # stops.
     assert not [
         text for text in state.VERDICTS.values() if re.search(r"\w\.\w|_|\(see ", text)
     ]  # no code names
@@ -395,8 +399,9 @@ def test_every_link_between_the_docs_resolves():
 
 
 def test_every_test_a_doc_cites_exists():
-    # "tests/x.py::test_name" and "harness/tests/x.py" in any committed page: a test renamed, moved or removed
-    # must not leave a doc citing it as proof (a guide's new file, marked "guide: new", is the exception)
+    # "tests/x.py::test_name" and "harness/tests/x.py" in any committed page: a test renamed, moved
+    # or removed must not leave a doc citing it as proof (a guide's new file, marked "guide: new",
+    # is the exception)
     pages = subprocess.run(
         ["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True
     )
@@ -427,8 +432,8 @@ def test_every_tier_selection_the_docs_write_is_the_makefiles():
 
 
 def test_the_operators_pages_name_no_patch():
-    # Every patch goes with a release: an example naming one would outlive it. The generated pages and the
-    # patch guide may; these two say `<name>`.
+    # Every patch goes with a release: an example naming one would outlive it. The generated pages
+    # and the patch guide may; these two say `<name>`.
     for doc in ("README.md", "docs/OPERATORS.md"):
         named = [p.name for p in ALL if re.search(rf"\b{p.name}\b", text(doc))]
         assert named == [], (doc, named)
@@ -437,8 +442,8 @@ def test_the_operators_pages_name_no_patch():
 def test_the_docs_an_operator_reads_stay_short():
     assert len(text("README.md").splitlines()) <= 120
     assert len(text("docs/OPERATORS.md").splitlines()) <= 250
-    # What people write, as `cat README.md docs/*.md SECURITY.md | wc -w` less the generated pages: a patch's
-    # rows there come and go with the records, not with anyone's prose.
+    # What people write, as `cat README.md docs/*.md SECURITY.md | wc -w` less the generated pages:
+    # a patch's rows there come and go with the records, not with anyone's prose.
     words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS if doc not in GENERATED)
     assert words <= 6500, words
 
@@ -459,13 +464,14 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
         "engine start: FAILED: RuntimeError: kv must have shape" in off and "engine start: ok" in on
     )
     assert "KV view width 512 -> 584 bytes/token" in changes
-    # Every patch the shim's line counts as patched is explained: a correction says what it corrected (vLLM's
-    # function, how many answers), a repair of a path the demo's start does not take and a stop that it applied,
-    # why they changed nothing; each then says what it is for.
+    # Every patch the shim's line counts as patched is explained: a correction says what it
+    # corrected (vLLM's function, how many answers), a repair of a path the demo's start does not
+    # take and a stop that it applied, why they changed nothing; each then says what it is for.
     (patched,) = re.findall(r": fixing: \d+ patched \(([^)]+)\)$", on, re.MULTILINE)
     named = re.findall(
         r"^   (\w+) (?:corrected \d+ answers? of (\S+)|is applied; this start does not call (\S+)|"
-        r"is applied; (it stops) vLLM only where vLLM would crash, and this start would not):\n     \S",
+        r"is applied; (it stops) vLLM only where vLLM would crash, and this start would not):\n  "
+        r"   \S",
         changes,
         re.MULTILINE,
     )

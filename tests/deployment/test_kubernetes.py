@@ -1,7 +1,7 @@
 """deploy/kubernetes/, the A/B's two arms docs/OPERATORS.md points at: valid, apart, and consistent.
 
-The init container's decision runs here on the stand-in, doctor included; its whole script runs for real in
-the OCI tier (tests/oci/test_oci_image.py).
+The init container's decision runs here on the stand-in, doctor included; its whole script runs for
+real in the OCI tier (tests/oci/test_oci_image.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def test_each_arm_passes_the_kubernetes_schemas_offline(site, version, arm):
 
 def test_the_b_arm_is_the_a_arm_with_the_shim_off_under_its_own_name_selector_and_label(site):
     (a,), (b,) = (kubernetes.documents(site, kubernetes.ARMS[arm]) for arm in ("a", "b"))
-    # Applying one never replaces the other, and neither Deployment's selector takes the other's pods.
+    # Applying one never replaces the other, and neither Deployment's selector takes the other's
+    # pods.
     assert a["metadata"]["name"] != b["metadata"]["name"]
     for mine, other in ((a, b), (b, a)):
         selector, labels = (
@@ -172,7 +173,10 @@ def test_the_uninstall_recipe_leaves_a_valid_deployment_without_the_shim(site, t
 
 
 def test_the_configmap_is_made_from_the_wheels_and_their_sums_the_init_container_checks(site):
-    made = f"kubectl create configmap dspark-hotfix-wheels --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
+    made = (
+        "kubectl create configmap dspark-hotfix-wheels"
+        f" --from-file=dist/dspark_hotfix-{dspark_hotfix.__version__}-"
+    )
     for where in (kubernetes.MANIFEST, REPO / "docs" / "OPERATORS.md"):
         command = where.read_text().split(made, 1)[-1].split("\n\n")[0]
         assert made in where.read_text(), where
@@ -203,8 +207,9 @@ def doctors_step(site) -> str:
 def start_on_the_standin(
     step: str, tmp: Path, values: list[str]
 ) -> list[subprocess.CompletedProcess[str]]:
-    """The step run by sh as the init container runs it, doctor included, on the stand-in of the reported build
-    (doctor exits 1 there with the shim off), once with DSPARK_HOTFIX set to each of ``values``."""
+    """The step run by sh as the init container runs it, doctor included, on the stand-in of the
+    reported build (doctor exits 1 there with the shim off), once with DSPARK_HOTFIX set to each of
+    ``values``."""
     (tmp / "python3").unlink(missing_ok=True)
     (tmp / "python3").symlink_to(sys.executable)  # the image's python3: this one, with wrapt
     path = os.pathsep.join((sitecustomize_dir(), str(REPO), str(STANDIN)))
@@ -246,7 +251,8 @@ def check_starts(site, tmp: Path, values: list[str]) -> None:
         on, problem = dspark_hotfix.switch("DSPARK_HOTFIX", value, True, "the shim")
         b_arm = not on and problem is None
         said = proc.stdout + proc.stderr
-        # The B arm starts, saying so; A starts on doctor's exit 0; any other value is refused with doctor's exit 1.
+        # The B arm starts, saying so; A starts on doctor's exit 0; any other value is refused with
+        # doctor's exit 1.
         assert (proc.returncode, "the B arm" in proc.stdout) == (
             (0, True) if b_arm else (0 if on else 1, False)
         ), (value, said)
@@ -255,7 +261,8 @@ def check_starts(site, tmp: Path, values: list[str]) -> None:
 def test_the_init_container_starts_the_b_arm_for_exactly_the_false_words_the_shim_reads(
     site, tmp_path
 ):
-    # Every word in every case, padded with whitespace the shim strips; the true words in every case too.
+    # Every word in every case, padded with whitespace the shim strips; the true words in every case
+    # too.
     words = [
         w for word in (*dspark_hotfix.FALSE_WORDS, *dspark_hotfix.TRUE_WORDS) for w in cases(word)
     ]

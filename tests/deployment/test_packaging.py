@@ -130,7 +130,8 @@ def released(tree: Path) -> tuple[str, str]:
 
 
 def built_as(tree: Path) -> str:
-    """The version a build of ``tree``'s HEAD must carry: the release's at its commit, else after it."""
+    """The version a build of ``tree``'s HEAD must carry: the release's at its commit, else after
+    it."""
     version, commit = released(tree)
     head = git(tree, "rev-parse", "HEAD")
     if head == commit:
@@ -153,7 +154,8 @@ def test_make_dist_builds_the_same_bytes_under_any_umask_and_lists_their_sums(tm
     import hashlib
     import time
 
-    # Each umask's bits in turn: the clone's files and the build's own (setuptools writes the wheel's files).
+    # Each umask's bits in turn: the clone's files and the build's own (setuptools writes the
+    # wheel's files).
     umasks = [
         0o022,
         *(1 << bit for bit in range(6)),
@@ -202,7 +204,8 @@ def test_only_the_release_commit_is_built_as_the_release(tmp_path):
         assert (
             f'__version__ = "{built_as(tree)}"' in wheel.read("dspark_hotfix/__init__.py").decode()
         )
-    # The release's commit, built by today's make dist: the release's name, and its files as committed.
+    # The release's commit, built by today's make dist: the release's name, and its files as
+    # committed.
     git(tree, "checkout", "-q", "--force", commit)  # clone() put today's dist.py there
     (tree / "scripts" / "dist.py").write_bytes((REPO / "scripts" / "dist.py").read_bytes())
     made = make_dist(tree, tmp_path / "release")
@@ -264,7 +267,8 @@ def dist_module():
 
 
 def test_make_dist_runs_on_a_python_whose_extractall_has_no_filter(tmp_path, monkeypatch):
-    # Python before 3.10.12 and 3.11.4 (Debian 12 ships 3.11.2): no tarfile.data_filter, no filter argument.
+    # Python before 3.10.12 and 3.11.4 (Debian 12 ships 3.11.2): no tarfile.data_filter, no filter
+    # argument.
     plain = tarfile.TarFile.extractall
 
     def extractall(self, path=".", members=None, *, numeric_owner=False):

@@ -111,7 +111,8 @@ def cuda_device() -> Any:
     capability = torch.cuda.get_device_capability()
     if capability[0] not in (9, 10):
         pytest.skip(
-            f"FlashMLA sparse decode needs SM90 or SM100; this GPU is SM{capability[0]}{capability[1]}"
+            "FlashMLA sparse decode needs SM90 or SM100; this GPU is"
+            f" SM{capability[0]}{capability[1]}"
         )
     props = torch.cuda.get_device_properties(0)
     _evidence["environment"].update(

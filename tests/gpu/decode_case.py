@@ -65,7 +65,8 @@ class DecodeCase:
 
 
 def geometry(view: dict[str, Any]) -> tuple[int, int, int]:
-    """(block_size, bytes_per_token, page_stride) of a (blocks, tokens, bytes) view in kv_views.json."""
+    """(block_size, bytes_per_token, page_stride) of a (blocks, tokens, bytes) view in
+    kv_views.json."""
     _, block_size, bytes_per_token = view["shape"]
     return block_size, bytes_per_token, view["stride"][0]
 

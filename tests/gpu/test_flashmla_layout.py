@@ -18,7 +18,14 @@ torch = pytest.importorskip(
     "torch", reason="needs an NVIDIA GPU with torch CUDA: torch not installed"
 )
 
-from .decode_case import EXTRA_TOPK, H_Q, SM_SCALE, SWA_WINDOW, geometry, make_decode_case  # noqa: E402
+from .decode_case import (  # noqa: E402
+    EXTRA_TOPK,
+    H_Q,
+    SM_SCALE,
+    SWA_WINDOW,
+    geometry,
+    make_decode_case,
+)
 from .fp8_ds_mla import BYTES_PER_TOKEN, HEAD_DIM, PagePool  # noqa: E402
 
 MAIN_SHAPE_ERROR = "kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"

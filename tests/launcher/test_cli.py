@@ -1,4 +1,5 @@
-"""The operator contract of the command line: exit codes, one JSON object, help, ``--version``, ``path``."""
+"""The operator contract of the command line: exit codes, one JSON object, help, ``--version``,
+``path``."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ FIELDS = {"name", "target", "state", "needed", "calls", "corrections", "detail"}
 
 
 def cli(*args: str, path=(STARTUP, STANDIN), env: dict[str, str] | None = None):
-    """The command line in a child with the start-up directory on its path, on the toy patches: forked
-    (tests.conftest.in_fresh_process), or with ``env`` (a start of its own each) a fresh interpreter."""
+    """The command line in a child with the start-up directory on its path, on the toy patches:
+    forked (tests.conftest.in_fresh_process), or with ``env`` (a start of its own each) a fresh
+    interpreter."""
     code = program(USE_LAST, partial(run_cli, *args))
     if env:
         return run_python(code, path=path, env=env, check=False)

@@ -30,12 +30,14 @@ from tests.conftest import (
 )
 
 STARTUP = REPO / "dspark_hotfix" / "startup"
-# A command's code, or a script's or module's body: prints how many of the shim's watchers are active in it.
+# A command's code, or a script's or module's body: prints how many of the shim's watchers are
+# active in it.
 PROBE = program(watchers)
 
 
 def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
-    """``python -m dspark_hotfix run -- command...`` from ``cwd``, the package importable from the checkout."""
+    """``python -m dspark_hotfix run -- command...`` from ``cwd``, the package importable from the
+    checkout."""
     return run_in_env(
         [sys.executable, "-m", "dspark_hotfix", "run", "--", *command],
         env or clean_env(PYTHONPATH=str(REPO)),
@@ -43,7 +45,8 @@ def launch(cwd: Path, *command: str, env: dict[str, str] | None = None):
     )
 
 
-# Each: the words after `python`, the options CPython reads there, the option that keeps the shim out.
+# Each: the words after `python`, the options CPython reads there, the option that keeps the shim
+# out.
 OPTIONS = [
     (["-c", PROBE], [], None),
     (["-Bc", PROBE], ["-B"], None),
@@ -71,9 +74,10 @@ def test_run_reads_the_options_cpython_reads_before_the_command(args, options):
     assert interpreter_options(args) == options
 
 
-# End to end, one case per way CPython starts with them: a command (with a joined flag), a module with
-# an option, an option with its own argument; and each option that keeps the shim out. The launcher asks
-# the command's interpreter with the options read above, so the other cases differ only in the reading.
+# End to end, one case per way CPython starts with them: a command (with a joined flag), a module
+# with an option, an option with its own argument; and each option that keeps the shim out. The
+# launcher asks the command's interpreter with the options read above, so the other cases differ
+# only in the reading.
 CASES = [OPTIONS[i] for i in (0, 2, 3, 5, 6, 8)]
 
 
@@ -83,8 +87,10 @@ CASES = [OPTIONS[i] for i in (0, 2, 3, 5, 6, 8)]
 def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(
     tmp_path, args, options, kept_out_by
 ):
-    # That -I, -S and -E keep the shim out of an interpreter they start is tests/activation/test_interpreter.py's
-    # test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so; here, that the launcher reads them.
+    # That -I, -S and -E keep the shim out of an interpreter they start is
+    # tests/activation/test_interpreter.py's
+    # test_flags_that_skip_the_shim_leave_vllm_untouched_and_status_says_so; here, that the launcher
+    # reads them.
     (tmp_path / "probe.py").write_text(PROBE)
     proc = launch(tmp_path, sys.executable, *args)
     if kept_out_by is None:
@@ -94,7 +100,7 @@ def test_run_starts_a_python_command_only_where_the_shim_is_active_in_it(
         assert proc.returncode == 1 and proc.stdout == "", proc.stderr
         (line,) = proc.stderr.splitlines()
         assert line.startswith(
-            f"dspark-hotfix run: the shim would not be active in "
+            "dspark-hotfix run: the shim would not be active in "
             f"{' '.join([sys.executable, *options])} (the interpreter of "
         ), line
         assert f"): {kept_out_by}: " in line and line.endswith(
@@ -123,9 +129,9 @@ def test_run_names_the_install_command_only_where_the_interpreter_lacks_the_shim
     proc = launch(tmp_path, python, "-c", PROBE)
     assert proc.returncode == 1 and proc.stdout == "", proc.stderr
     assert (
-        f"No module named 'wrapt'; install it there from the wheel you built: {python} -m pip install "
-        f"dspark_hotfix-{__version__}-py3-none-any.whl"
-    ) in proc.stderr
+        f"No module named 'wrapt'; install it there from the wheel you built: {python} -m pip"
+        f" install dspark_hotfix-{__version__}-py3-none-any.whl" in proc.stderr
+    )
     isolated = launch(tmp_path, python, "-I", "-c", PROBE)
     assert isolated.returncode == 1 and "-I: it ignores PYTHONPATH" in isolated.stderr
     assert "pip install" not in isolated.stderr  # installing would not help while -I stays

@@ -10,7 +10,8 @@ them, so a second run reuses them. Storage lives under the project's cache
 (``$DSPARK_HOTFIX_CACHE``, default ``~/.cache/dspark-hotfix``), apart from any
 other buildah state of the machine.
 
-    python -m tests.oci.build [reported|fixed] [NAME=VALUE ...]   # the base, and the Dockerfile built on it
+    # the base, and the Dockerfile built on it
+    python -m tests.oci.build [reported|fixed] [NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONPATH=/opt/image-lib
 COPY sitecustomize.py /tmp/image-sitecustomize.py
 RUN python3 -m venv /opt/venv && mkdir -p /opt/image-lib \\
- && cat /tmp/image-sitecustomize.py >> /etc/python3.11/sitecustomize.py && rm /tmp/image-sitecustomize.py{extra}
+ && cat /tmp/image-sitecustomize.py >> /etc/python3.11/sitecustomize.py \\
+ && rm /tmp/image-sitecustomize.py{extra}
 COPY vllm {site}/vllm
 COPY vllm-{version}.dist-info {site}/vllm-{version}.dist-info
 COPY warmup.py /opt/standin/warmup.py
@@ -70,13 +72,15 @@ def say(message: str) -> None:
 
 
 def ensure_tools() -> None:
-    """buildah and debootstrap, installed from Debian when missing (this tier runs as root on Debian)."""
+    """buildah and debootstrap, installed from Debian when missing (this tier runs as root on
+    Debian)."""
     missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise RuntimeError(
-            f"{', '.join(missing)} missing, and apt-get cannot install them here (needs root on Debian)"
+            f"{', '.join(missing)} missing, and apt-get cannot install them here (needs root on"
+            " Debian)"
         )
     say(f"installing {' '.join(missing)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -107,7 +111,8 @@ def buildah(
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
     if check and proc.returncode != 0:
         raise RuntimeError(
-            f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+            f"{' '.join(argv)}: exit"
+            f" {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
     return proc
 
@@ -153,8 +158,8 @@ def bookworm() -> str:
         )
         if proc.returncode != 0:
             raise RuntimeError(
-                f"debootstrap could not make Debian bookworm from {MIRROR}:\n{proc.stdout[-3000:]}\n"
-                f"{proc.stderr[-3000:]}"
+                "debootstrap could not make Debian bookworm from"
+                f" {MIRROR}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
         if ca:
             shutil.copy(HOST_CA, rootfs / "etc/ssl/certs/ca-certificates.crt")
@@ -182,8 +187,8 @@ def bookworm() -> str:
 
 
 def serving(variant: str = "reported") -> str:
-    """A serving image standing in for the one vLLM runs in: ``reported`` (the buggy build, no wrapt)
-    or ``fixed`` (the build with the upstream fix, and a wrapt 2.x of its own)."""
+    """A serving image standing in for the one vLLM runs in: ``reported`` (the buggy build, no
+    wrapt) or ``fixed`` (the build with the upstream fix, and a wrapt 2.x of its own)."""
     base = bookworm()
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-ctx-") as tmp:
         ctx = Path(tmp)
@@ -225,8 +230,9 @@ def serving(variant: str = "reported") -> str:
 def build_dockerfile(
     base: str, tag: str, *build_args: str, layers: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """The project's Dockerfile built on ``base``; the wheel stage runs on the same image (it has pip).
-    buildah commits one layer for the whole build; ``layers`` commits one per instruction, as docker build does."""
+    """The project's Dockerfile built on ``base``; the wheel stage runs on the same image (it has
+    pip). buildah commits one layer for the whole build; ``layers`` commits one per instruction, as
+    docker build does."""
     args = [
         "bud",
         "--pull=never",
@@ -246,7 +252,8 @@ def build_dockerfile(
 
 
 def top_layer(name: str) -> dict:
-    """The image's newest layer as containers/storage records it: id, parent, diff-size (bytes, uncompressed)."""
+    """The image's newest layer as containers/storage records it: id, parent, diff-size (bytes,
+    uncompressed)."""
     image_id = buildah(
         "inspect", "--type", "image", "--format", "{{.FromImageID}}", name
     ).stdout.strip()

@@ -44,7 +44,8 @@ REPORTED_ERROR = (
 
 
 def container_says() -> dict[str, Any]:
-    """What the container's process says: the shim's status, its pid, its wrapt, and the variables that matter."""
+    """What the container's process says: the shim's status, its pid, its wrapt, and the variables
+    that matter."""
     import os
 
     import wrapt
@@ -76,7 +77,8 @@ def found_after_uninstall() -> list[bool]:
 PROBE = program(partial(import_present, status_shape.target_modules()), container_says)
 # The digest of a layer that changes nothing: an empty tar archive.
 EMPTY_LAYER = f"sha256:{hashlib.sha256(bytes(1024)).hexdigest()}"
-# A patch the reported build needs: the stand-in needs every correction (status_shape.fixes_installed).
+# A patch the reported build needs: the stand-in needs every correction
+# (status_shape.fixes_installed).
 NEEDED = next(p for p in ALL if not p.stops)
 
 
@@ -85,7 +87,8 @@ def names_every_patch(report: str) -> bool:
     return all(p.name in report for p in ALL)
 
 
-# The init container runs in a network namespace of its own with only a loopback: a cluster without internet access.
+# The init container runs in a network namespace of its own with only a loopback: a cluster without
+# internet access.
 OFFLINE = ("unshare", "--net")
 
 
@@ -136,9 +139,10 @@ def run_in(
     volumes: tuple[str, ...] = (),
     prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """``argv`` run in ``container``, its stdout and stderr written to files of the host. buildah's chroot
-    isolation relays a command's pipes through a process of its own, which can end before it has passed on the
-    last of them (buildah 1.28, Debian 12): a line written just before the command exits went missing."""
+    """``argv`` run in ``container``, its stdout and stderr written to files of the host. buildah's
+    chroot isolation relays a command's pipes through a process of its own, which can end before it
+    has passed on the last of them (buildah 1.28, Debian 12): a line written just before the command
+    exits went missing."""
     with tempfile.TemporaryDirectory(prefix="dspark-hotfix-output-") as out:
         flags = [f"--env={k}={v}" for k, v in (env or {}).items()]
         flags += [f"--volume={v}" for v in (*volumes, f"{out}:{CAPTURED}")]
@@ -167,7 +171,8 @@ def run_in(
 
 @pytest.fixture(scope="module")
 def reported(tools):
-    # One layer per instruction, as docker build makes them; the "fixed" images get buildah's one layer.
+    # One layer per instruction, as docker build makes them; the "fixed" images get buildah's one
+    # layer.
     image = Image(
         build.serving("reported"),
         f"localhost/dspark-hotfix-oci/test-reported:{os.getpid()}",
@@ -239,8 +244,9 @@ def test_the_image_is_labelled_keeps_no_wheel_and_adds_one_non_empty_layer_built
     assert labels["io.dspark-hotfix.version"] == dspark_hotfix.__version__
     found = reported.run("find", "/", "-xdev", "-name", "dspark_hotfix-*.whl")
     assert found.returncode == 0 and found.stdout.strip() == ""
-    # Built one layer per instruction, one layer holds anything: the package, wrapt and the link. The doctor
-    # step, which imports vLLM, adds an empty one (an empty tar: 1024 zero bytes), as docker build's 0 B layer.
+    # Built one layer per instruction, one layer holds anything: the package, wrapt and the link.
+    # The doctor step, which imports vLLM, adds an empty one (an empty tar: 1024 zero bytes), as
+    # docker build's 0 B layer.
     added = build.layers_above(reported.tag, reported.base)
     print(f"layers on the base, newest first: {[layer['diff-size'] for layer in added]} bytes")
     (layer,) = [layer for layer in added if layer["diff-digest"] != EMPTY_LAYER]
@@ -312,7 +318,8 @@ class Pod:
         self.base, self.volume, configmap = base, root / "emptyDir", root / "configMap"
         self.volume.mkdir(parents=True)
         configmap.mkdir()
-        # kubectl create configmap dspark-hotfix-wheels --from-file=<each wheel> --from-file=<SHA256SUMS>
+        # kubectl create configmap dspark-hotfix-wheels --from-file=<each wheel>
+        # --from-file=<SHA256SUMS>
         for wheel in wheels:
             shutil.copy(wheel, configmap)
         (configmap / "SHA256SUMS").write_text(sha256sums(*wheels) if sums is None else sums)
@@ -370,7 +377,8 @@ def wrapt_wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def pods(wrapt_wheel):
-    """Pods of an arm: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and wrapt's."""
+    """Pods of an arm: ``pods(base, wheel, root, site, ...)``, the ConfigMap holding ``wheel`` and
+    wrapt's."""
     made: list[Pod] = []
 
     def make(base, wheel, *args, **env) -> Pod:
@@ -399,7 +407,8 @@ def test_the_manifests_init_container_fills_the_volume_and_the_server_is_patched
     assert "PROBLEM" not in pod.init_run.stdout and names_every_patch(
         pod.init_run.stdout
     )  # doctor's report
-    # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from there.
+    # The base has no wrapt: the volume holds the Dockerfile's pin, and the server imports it from
+    # there.
     got = pod.serve("python3", "-c", PROBE)
     assert status_shape.fixes_installed(got["status"]), got["status"]
     assert status_shape.activated_by(got["status"]) == "sitecustomize"
@@ -425,7 +434,8 @@ def test_on_a_base_with_its_own_wrapt_the_volume_holds_none_and_a_vllm_that_need
         and "removable: this vLLM needs none" in pod.init_run.stdout
     )
     assert not (pod.volume / "wrapt").exists()
-    # The image's wrapt 2.x is the one every package imports, the shim included: the volume shadows nothing.
+    # The image's wrapt 2.x is the one every package imports, the shim included: the volume shadows
+    # nothing.
     got = pod.serve("python3", "-c", PROBE)
     assert got["wrapt"].startswith("2.") and got["wrapt_file"].startswith("/opt/venv/"), got
     assert {row["state"] for row in status_shape.rows(got["status"]).values()} == {"not_needed"}
@@ -446,7 +456,8 @@ def test_the_b_arm_starts_and_crashes_as_reported_while_the_a_arm_refuses_withou
     assert upper.init_run.returncode == 0 and "the B arm" in upper.init_run.stdout, (
         upper.init_run.stdout + upper.init_run.stderr
     )
-    # Only those start a pod that doctor refuses: a typo, or the A arm with a needed patch left out, does not.
+    # Only those start a pod that doctor refuses: a typo, or the A arm with a needed patch left out,
+    # does not.
     typo = pods(base, wheel, tmp_path / "typo", site, arm="b", DSPARK_HOTFIX="of")
     assert typo.init_run.returncode == 1, typo.init_run.stdout + typo.init_run.stderr
     excluded = pods(
@@ -476,7 +487,8 @@ def test_a_wheel_that_its_sha256sums_does_not_list_is_refused_before_anything_is
     tools, site, wheel, tmp_path, pods
 ):
     base = build.serving("reported")
-    # A wheel pip installs as readily, one file more, under the name SHA256SUMS lists with the built one's sum.
+    # A wheel pip installs as readily, one file more, under the name SHA256SUMS lists with the built
+    # one's sum.
     altered = tmp_path / "altered" / wheel.name
     altered.parent.mkdir()
     with zipfile.ZipFile(wheel) as built, zipfile.ZipFile(altered, "w") as copy:

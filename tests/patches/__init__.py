@@ -14,14 +14,15 @@ Beside its own tests (its correction as a plain function, its properties), that 
     The :class:`Revert` edits that re-create the reported build from vLLM 0.25.0 for it
     (``tests/real_vllm/revert.py`` applies them; its state there is ``patched``). Empty: none.
 ``exercise()``
-    Where a fault is ``at_call``: calls its target in the stand-in as vLLM does, and returns the answer.
+    Where a fault is ``at_call``: calls its target in the stand-in as vLLM does, and returns the
+    answer.
 
-Checks on real vLLM that only this patch makes close the module, in a section marked ``real_vllm`` that
-uses ``tests/real_vllm/runs.py`` (``released``, ``reverted``, ``hybrid_off``, ``in_venv``).
+Checks on real vLLM that only this patch makes close the module, in a section marked ``real_vllm``
+that uses ``tests/real_vllm/runs.py`` (``released``, ``reverted``, ``hybrid_off``, ``in_venv``).
 
-``tests/patches/test_every_patch.py`` runs the same tests over ``dspark_hotfix.patches.ALL`` from these
-declarations. Nothing else in tests/ names a real patch: adding one is its module, its entry in ``ALL``,
-its test module and its stand-in edit; removing one is the reverse.
+``tests/patches/test_every_patch.py`` runs the same tests over ``dspark_hotfix.patches.ALL`` from
+these declarations. Nothing else in tests/ names a real patch: adding one is its module, its entry
+in ``ALL``, its test module and its stand-in edit; removing one is the reverse.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from scripts.venvs import LINES_VERSIONS as RELEASES  # noqa: F401  (the release
 
 @dataclass(frozen=True)
 class Fault:
-    """A stand-in build the patch does not expect: the stand-in with ``edits`` (file -> (old, new) pairs)."""
+    """A stand-in build the patch does not expect: the stand-in with ``edits`` (file -> (old, new)
+    pairs)."""
 
     edits: dict[str, list[tuple[str, str]]]
     detail: str  # what the patch's status detail must say
@@ -59,10 +61,12 @@ class Revert:
 
 
 KVI = "vllm/v1/kv_cache_interface.py"
-SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"  # where the stand-in builds its sliding-window spec
+# where the stand-in builds its sliding-window spec
+SWA_FILE = "vllm/v1/attention/backends/mla/sparse_swa.py"
 
-# The stand-in builds several patches meet, each written once: a patch that meets one declares it in its FAULTS
-# under the same name, with what its status says there (``Fault(BUILDS[name], detail, ...)``).
+# The stand-in builds several patches meet, each written once: a patch that meets one declares it in
+# its FAULTS under the same name, with what its status says there (``Fault(BUILDS[name], detail,
+# ...)``).
 BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
     "get_kv_quant_mode missing": {KVI: [("def get_kv_quant_mode(", "def kv_quant_mode_for(")]},
     # Spec classes a probe cannot build or size: it cannot tell, and leaves vLLM's function alone.
@@ -71,10 +75,12 @@ BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
             ("from dataclasses import dataclass", "from dataclasses import InitVar, dataclass"),
             (
                 "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
-                "    window_layout: InitVar[str]\n\n"
-                "    def __post_init__(self, window_layout: str) -> None:\n"
-                "        super().__post_init__()\n",
+                (
+                    "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n"
+                    "    window_layout: InitVar[str]\n\n"
+                    "    def __post_init__(self, window_layout: str) -> None:\n"
+                    "        super().__post_init__()\n"
+                ),
             ),
         ],
         SWA_FILE: [
@@ -85,12 +91,13 @@ BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
         KVI: [
             (
                 "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n",
-                "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n"
-                "    @property\n"
-                "    def real_page_size_bytes(self) -> int:\n"
-                "        if self.kv_quant_mode != KVQuantMode.NONE:\n"
-                "            raise NotImplementedError('quantized SWA pages are sized by the backend')\n"
-                "        return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n",
+                (
+                    "class SlidingWindowMLASpec(_DeepseekV4Spec):\n    sliding_window: int\n\n   "
+                    " @property\n    def real_page_size_bytes(self) -> int:\n        if"
+                    " self.kv_quant_mode != KVQuantMode.NONE:\n            raise"
+                    " NotImplementedError('quantized SWA pages are sized by the backend')\n       "
+                    " return _DeepseekV4Spec.real_page_size_bytes.fget(self)\n"
+                ),
             )
         ]
     },
@@ -98,8 +105,8 @@ BUILDS: dict[str, dict[str, list[tuple[str, str]]]] = {
 
 
 def engine_start(standin_shim: Any, monkeypatch: Any, switch: str) -> dict[str, Any]:
-    """The stand-in engine's start (tests/standin/warmup.py) in this process, ``DSPARK_HOTFIX`` set to ``switch``:
-    its KV views, the draft weights it loaded and its error."""
+    """The stand-in engine's start (tests/standin/warmup.py) in this process, ``DSPARK_HOTFIX`` set
+    to ``switch``: its KV views, the draft weights it loaded and its error."""
     import dspark_hotfix
 
     standin_shim()
@@ -114,12 +121,14 @@ def declared(patch: Patch) -> ModuleType:
 
 
 def module_file(patch: Patch) -> str:
-    """The file of ``patch``'s target module inside the stand-in build (or a vLLM package's parent)."""
+    """The file of ``patch``'s target module inside the stand-in build (or a vLLM package's
+    parent)."""
     return patch.module.replace(".", "/") + ".py"
 
 
 def fixed_edits(patches: tuple[Patch, ...] | list[Patch]) -> dict[str, list[tuple[str, str]]]:
-    """The stand-in edits of the upstream fixes of ``patches``, by file; two patches on one module both apply."""
+    """The stand-in edits of the upstream fixes of ``patches``, by file; two patches on one module
+    both apply."""
     edits: dict[str, list[tuple[str, str]]] = {}
     for patch in patches:
         edits.setdefault(module_file(patch), []).extend(declared(patch).FIX)

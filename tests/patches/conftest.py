@@ -1,4 +1,5 @@
-"""The real patches' fixture: the ``shim`` fixture of tests/conftest.py on the product's patch set."""
+"""The real patches' fixture: the ``shim`` fixture of tests/conftest.py on the product's patch
+set."""
 
 from __future__ import annotations
 
@@ -14,6 +15,6 @@ PRODUCT = dspark_hotfix.patches.ALL
 
 @pytest.fixture
 def standin_shim(shim):
-    """``standin_shim(edits=None, remove=())``: the product's patches on the stand-in build (a copy with
-    ``edits``, without ``remove``), in this process, no activation yet."""
+    """``standin_shim(edits=None, remove=())``: the product's patches on the stand-in build (a copy
+    with ``edits``, without ``remove``), in this process, no activation yet."""
     return functools.partial(shim, PRODUCT)

@@ -1,5 +1,5 @@
-"""attention_kv_cache_spec: its declarations (tests/patches/__init__.py); its correction is tested with the
-swa patch's in test_fp8_ds_mla.py, the layout both share."""
+"""attention_kv_cache_spec: its declarations (tests/patches/__init__.py); its correction is tested
+with the swa patch's in test_fp8_ds_mla.py, the layout both share."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ FIX = [
     ("import MLAAttentionSpec, uint8", "import MLAAttentionSpec, get_kv_quant_mode, uint8"),
     (
         'model_version="deepseek_v4",',
-        'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype), alignment=576,',
+        (
+            'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),'
+            " alignment=576,"
+        ),
     ),
 ]
 FAULTS = {
@@ -53,15 +56,16 @@ CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtyp
 
 
 def exercise():
-    """vLLM's call of the target: a compressed layer's KV-cache spec (through the shim's wrapper where it wraps)."""
+    """vLLM's call of the target: a compressed layer's KV-cache spec (through the shim's wrapper
+    where it wraps)."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
 
     return DeepseekV4Attention(compress_ratio=4).get_kv_cache_spec(CONFIG)
 
 
-# --- On real vLLM (tests/real_vllm) ---
-# The spec on vLLM 0.25.0 with every REVERT applied, read from the real tier's shared run (tests/real_vllm/runs.py):
-# vLLM's own spec method and V2 runner reshape (tests/real_vllm/inside/runner_answers.py), under the kind "attention".
+# --- On real vLLM (tests/real_vllm) --- The spec on vLLM 0.25.0 with every REVERT applied, read
+# from the real tier's shared run (tests/real_vllm/runs.py): vLLM's own spec method and V2 runner
+# reshape (tests/real_vllm/inside/runner_answers.py), under the kind "attention".
 
 import pytest  # noqa: E402
 
@@ -78,7 +82,7 @@ def real_reverted() -> dict:
 
 
 @pytest.mark.real_vllm
-def test_on_reverted_vllm_the_v2_runner_views_attention_at_512_bytes_without_the_shim_and_584_with_it():
+def test_on_reverted_vllm_the_v2_runner_views_attention_at_512_bytes_and_584_with_the_shim():
     answers = real_reverted()
     without, with_shim = answers["without_shim"], answers["with_shim"]
     assert without["kv_quant_mode"][REAL_KIND] == "NONE"

@@ -1,11 +1,11 @@
-"""The same tests for every patch of ``dspark_hotfix.patches.ALL``, read from its declarations in its own test
-module (tests/patches/__init__.py says what each declares).
+"""The same tests for every patch of ``dspark_hotfix.patches.ALL``, read from its declarations in
+its own test module (tests/patches/__init__.py says what each declares).
 
-Each runs the shim in this process on a stand-in build (the ``standin_shim`` fixture): the reported build,
-that build with the patch's upstream fix or with every fix, and that build with each fault the patch
-declares. Where a patch cannot be applied, vLLM runs as shipped, ``status`` says why and one warning says
-it; in strict mode the shim stops vLLM naming the patch. Nothing here names a patch: adding one is its
-module, its entry in ``ALL``, its test module and its stand-in edit.
+Each runs the shim in this process on a stand-in build (the ``standin_shim`` fixture): the reported
+build, that build with the patch's upstream fix or with every fix, and that build with each fault
+the patch declares. Where a patch cannot be applied, vLLM runs as shipped, ``status`` says why and
+one warning says it; in strict mode the shim stops vLLM naming the patch. Nothing here names a
+patch: adding one is its module, its entry in ``ALL``, its test module and its stand-in edit.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dspark_hotfix.state import STATES
 from tests.patches import RELEASES, Fault, Revert, declared, fixed_edits
 
 EVERYWHERE = [p for p in ALL if p.everywhere]
-# Each fault a patch declares, by the fault's name: a fault two patches declare is one build both meet.
+# Each fault a patch declares, by the fault's name: a fault two patches declare is one build both
+# meet.
 FAULTS = [(patch, name, fault) for patch in ALL for name, fault in declared(patch).FAULTS.items()]
 FAULT_IDS = [f"{patch.name}-{name.replace(' ', '-')}" for patch, name, _ in FAULTS]
 
@@ -36,13 +37,15 @@ def ids(patch: Patch) -> str:
 
 
 def import_targets(patches: tuple[Patch, ...] | list[Patch] = ALL) -> None:
-    """Import the patches' target modules, as vLLM does; with the shim installed each hook judges its patch."""
+    """Import the patches' target modules, as vLLM does; with the shim installed each hook judges
+    its patch."""
     for patch in patches:
         importlib.import_module(patch.module)
 
 
 def held(patch: Patch) -> tuple[type | types.ModuleType, str, Any]:
-    """The owner of vLLM's function that ``patch`` targets, its name, and what the owner holds under it now."""
+    """The owner of vLLM's function that ``patch`` targets, its name, and what the owner holds under
+    it now."""
     *owners, name = patch.qualname.split(".")
     owner = sys.modules[patch.module]
     for part in owners:
@@ -51,8 +54,9 @@ def held(patch: Patch) -> tuple[type | types.ModuleType, str, Any]:
 
 
 def wrapped_in(patch: Patch) -> list[str]:
-    """The functions of ``patch``'s target module that a wrapper of the shim now stands for (another patch's
-    target on the same module aside): empty where vLLM's module is as shipped, whatever the fault renamed."""
+    """The functions of ``patch``'s target module that a wrapper of the shim now stands for (another
+    patch's target on the same module aside): empty where vLLM's module is as shipped, whatever the
+    fault renamed."""
     module = sys.modules[patch.module]
     others = {p.qualname for p in ALL if p.module == patch.module and p is not patch}
     members = [(name, value) for name, value in vars(module).items() if inspect.isfunction(value)]
@@ -77,7 +81,8 @@ def sharing(name: str) -> list[Patch]:
 
 @pytest.mark.parametrize("patch", ALL, ids=ids)
 def test_each_patch_has_its_test_module_with_its_declarations(patch):
-    # The one pinned expectation: every other test reads the patches from ALL and these declarations.
+    # The one pinned expectation: every other test reads the patches from ALL and these
+    # declarations.
     module = declared(patch)
     assert module.PATCH is patch
     assert module.FIX and all(
@@ -112,9 +117,10 @@ def test_a_fault_two_patches_declare_is_the_same_build_for_both():
     by_name: dict[str, Fault] = {}
     for patch, name, fault in FAULTS:
         first = by_name.setdefault(name, fault)
-        assert (first.edits, first.remove) == (fault.edits, fault.remove), (
-            f"{patch.name} declares another {name!r}"
-        )
+        assert (first.edits, first.remove) == (
+            fault.edits,
+            fault.remove,
+        ), f"{patch.name} declares another {name!r}"
 
 
 # The stand-in as shipped: the reported build.
@@ -138,8 +144,9 @@ def test_the_reported_build_gets_the_patch_once_its_module_is_imported(standin_s
 def test_an_everywhere_patch_is_judged_where_vllm_imports_only_the_other_targets(
     standin_shim, patch
 ):
-    # A tensor-parallel worker may never import the patch's module: the registry does, once the rest is judged.
-    # The shim activates after vLLM's imports here (as `status` does), so nothing but the registry imports it.
+    # A tensor-parallel worker may never import the patch's module: the registry does, once the rest
+    # is judged. The shim activates after vLLM's imports here (as `status` does), so nothing but the
+    # registry imports it.
     shim = standin_shim()
     import_targets([p for p in ALL if p.module != patch.module])
     assert patch.module not in sys.modules  # else the registry had nothing to import
@@ -201,7 +208,8 @@ def test_where_a_fault_stops_the_patch_vllm_runs_as_shipped_and_status_and_one_w
     assert all(line.startswith(tuple(f"{p.name}: " for p in sharing(name))) for line in warnings), (
         warnings
     )
-    # The patches this fault leaves alone are still applied: the shim was at work in this very build.
+    # The patches this fault leaves alone are still applied: the shim was at work in this very
+    # build.
     others = {p.name: shim.states()[p.name] for p in ALL if p not in sharing(name)}
     assert set(others.values()) <= {"patched"}, others
 

@@ -167,8 +167,9 @@ def test_a_field_left_out_of_equality_is_kept(vllm):
 
 def test_warmup_crashes_without_the_shim(standin_shim, monkeypatch):
     off = engine_start(standin_shim, monkeypatch, "0")
-    assert off["error"] == (
-        "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
+    assert (
+        off["error"]
+        == "RuntimeError: kv must have shape (num_blocks, page_block_size, h_kv, bytes_per_token)"
     )
     assert off["views"]["draft.0.swa"]["shape"] == [4, 64, 512]
 

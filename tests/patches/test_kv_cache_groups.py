@@ -37,7 +37,8 @@ FAULTS = {
         state="undecided",
     ),
 }
-# 0.25.0's hybrid-off grouping loses the layout (docs/evidence/hybrid-off.md); 0.33.0 groups elsewhere.
+# 0.25.0's hybrid-off grouping loses the layout (docs/evidence/hybrid-off.md); 0.33.0 groups
+# elsewhere.
 RELEASED = {"0.25.0": "patched", "0.28.0": "not_needed", "0.33.0": "not_needed"}
 REVERT = ()  # the reported build's grouping is 0.25.0's
 
@@ -48,8 +49,8 @@ HYBRID_ON = SimpleNamespace(
 
 
 def exercise():
-    """vLLM's call of the target: the engine groups a DeepSeek-V4 layer's KV-cache specs, the hybrid manager on
-    (through the shim's wrapper where it wraps)."""
+    """vLLM's call of the target: the engine groups a DeepSeek-V4 layer's KV-cache specs, the hybrid
+    manager on (through the shim's wrapper where it wraps)."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
     from vllm.v1.core import kv_cache_utils
 
@@ -76,7 +77,8 @@ def import_targets() -> None:
 
 
 def grouping_behind_a_connector() -> str | None:
-    """What grouping one DeepSeek-V4 cache raises where a KV connector turned the hybrid manager off."""
+    """What grouping one DeepSeek-V4 cache raises where a KV connector turned the hybrid manager
+    off."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
     from vllm.v1.core import kv_cache_utils
 
@@ -113,9 +115,10 @@ def test_with_the_shim_it_stops_at_kv_cache_grouping_naming_the_cause_and_what_h
         f"HotfixError: {PATCH.name}: DeepSeek-V4's fp8_ds_mla KV caches (5 layers, "
     )
     assert (
-        "need vLLM's hybrid KV cache manager, and it is off (--disable-hybrid-kv-cache-manager, or vLLM turned it "
-        "off and logged why: a --kv-transfer-config connector without hybrid support)"
-    ) in error
+        "need vLLM's hybrid KV cache manager, and it is off (--disable-hybrid-kv-cache-manager, or"
+        " vLLM turned it off and logged why: a --kv-transfer-config connector without hybrid"
+        " support)" in error
+    )
     assert (
         "leave the hybrid manager on" in error
         and "no vLLM release up to 0.33.0 runs DeepSeek-V4" in error
@@ -180,7 +183,8 @@ def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(stand
 
 
 def test_what_doctor_says_it_guards_names_the_settings_the_readmes_removal_rule_names():
-    # doctor's `guards` row is the first paragraph of the stop's step; the README's rule must say the same.
+    # doctor's `guards` row is the first paragraph of the stop's step; the README's rule must say
+    # the same.
     said = " ".join((PATCH.arguments.__doc__ or "").split("\n\n")[0].split())
     rule = (REPO / "README.md").read_text().split("**The rule:**")[1].split("\n\n")[0]
     for setting in (
@@ -205,9 +209,9 @@ def test_a_vllm_without_kv_cache_utils_grouping_does_not_need_the_stop(standin_s
     )
 
 
-# --- On real vLLM (tests/real_vllm) ---
-# The stop on vLLM releases from PyPI, read from the real tier's shared hybrid-off runs (tests/real_vllm/runs.py,
-# tests/real_vllm/inside/hybrid_off.py): vLLM's own grouping of DeepSeek-V4's specs with the manager off.
+# --- On real vLLM (tests/real_vllm) --- The stop on vLLM releases from PyPI, read from the real
+# tier's shared hybrid-off runs (tests/real_vllm/runs.py, tests/real_vllm/inside/hybrid_off.py):
+# vLLM's own grouping of DeepSeek-V4's specs with the manager off.
 
 import pytest  # noqa: E402
 
@@ -232,7 +236,8 @@ def real_assert_stopped(result: dict) -> None:
     ), error
     for words in REAL_WORDS:
         assert words in error["message"], (words, error["message"])
-    # Before vLLM's conversion, which rebuilds specs in place (10 of them on 0.25.0): none was rebuilt.
+    # Before vLLM's conversion, which rebuilds specs in place (10 of them on 0.25.0): none was
+    # rebuilt.
     assert off["specs_rebuilt"] == [], off
     assert result[REAL_GROUPING] == {"module": PATCH.module, "wrapped": True}
 
@@ -249,8 +254,8 @@ def test_on_real_vllm_it_stops_a_hybrid_off_engine_only_where_the_release_loses_
         real_assert_stopped(result)
         assert row["state"] == "patched", row
     else:
-        # Not its to stop: vLLM's grouping is not wrapped and no finding of its own comes (what the other patches
-        # make of that grouping is theirs to say).
+        # Not its to stop: vLLM's grouping is not wrapped and no finding of its own comes (what the
+        # other patches make of that grouping is theirs to say).
         assert PATCH.name not in str(result["hybrid_off"].get("error")), result["hybrid_off"]
         assert without["hybrid_off"].get("error", {}).get("type") != REAL_ERROR, without[
             "hybrid_off"
@@ -264,8 +269,8 @@ def test_on_real_vllm_it_stops_a_hybrid_off_engine_only_where_the_release_loses_
 
 @pytest.mark.real_vllm
 def test_on_reverted_vllm_it_stops_at_grouping_with_the_releases_words():
-    """0.25.0 with every REVERT applied: the corrections apply, and with the manager off the same stop comes
-    at grouping, before any view."""
+    """0.25.0 with every REVERT applied: the corrections apply, and with the manager off the same
+    stop comes at grouping, before any view."""
     result = runs.hybrid_off(runs.REVERTED, "with_shim")
     real_assert_stopped(result)
     assert (

@@ -1,5 +1,5 @@
-"""promote_local_specs: its declarations (tests/patches/__init__.py), its arguments step as a plain function,
-the repair on the stand-in's 0.33.0 planning, and on real vLLM 0.33.0 and 0.34.0."""
+"""promote_local_specs: its declarations (tests/patches/__init__.py), its arguments step as a plain
+function, the repair on the stand-in's 0.33.0 planning, and on real vLLM 0.33.0 and 0.34.0."""
 
 from __future__ import annotations
 
@@ -47,14 +47,16 @@ FAULTS = {
         },
         "unexpected signature",
     ),
-    # Its probe runs vLLM's promotion: where that is gone, it cannot tell, and leaves the call alone.
+    # Its probe runs vLLM's promotion: where that is gone, it cannot tell, and leaves the call
+    # alone.
     "promotion renamed": Fault(
         {FILE: [("def _promote_local_kv_cache_specs(", "def _promote_local_specs(")]},
         "probe inconclusive (AttributeError",
         state="undecided",
     ),
 }
-# 0.25.0 and 0.28.0 have no kv_cache_planning; 0.33.0's promotion raises (docs/evidence/hybrid-off.md).
+# 0.25.0 and 0.28.0 have no kv_cache_planning; 0.33.0's promotion raises
+# (docs/evidence/hybrid-off.md).
 RELEASED = {"0.25.0": "not_needed", "0.28.0": "not_needed", "0.33.0": "patched"}
 REVERT = ()  # the reported build plans as 0.25.0 does, without this module
 
@@ -103,7 +105,8 @@ def import_targets(patches: Any = None) -> None:
 
 
 def promoted() -> Any:
-    """The stand-in planning's promotion of a DeepSeek-V4 pair, as vLLM's hybrid-off grouping calls it."""
+    """The stand-in planning's promotion of a DeepSeek-V4 pair, as vLLM's hybrid-off grouping calls
+    it."""
     planning = importlib.import_module(PATCH.module)
     return planning._promote_local_kv_cache_specs(
         stand_in_pair(sys.modules["vllm.v1.kv_cache_interface"], quant_mode())
@@ -150,9 +153,9 @@ def test_where_the_planning_module_is_absent_the_repair_is_not_needed_and_says_w
     assert ": fixing: " in line and "1 not_needed" in line
 
 
-# --- On real vLLM (tests/real_vllm) ---
-# vLLM's own hybrid-off grouping of DeepSeek-V4's specs (tests/real_vllm/inside/hybrid_off.py): 0.33.0 and, beside
-# the releases every patch declares, 0.34.0, the release with the fix.
+# --- On real vLLM (tests/real_vllm) --- vLLM's own hybrid-off grouping of DeepSeek-V4's specs
+# (tests/real_vllm/inside/hybrid_off.py): 0.33.0 and, beside the releases every patch declares,
+# 0.34.0, the release with the fix.
 
 import pytest  # noqa: E402
 

@@ -55,8 +55,8 @@ REVERT = (
 
 
 def exercise():
-    """vLLM's call of the target: the draft's loader maps a checkpoint name (through the shim's wrapper where it
-    wraps)."""
+    """vLLM's call of the target: the draft's loader maps a checkpoint name (through the shim's
+    wrapper where it wraps)."""
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
 
     return DSparkDeepseekV4ForCausalLM()._remap_dspark_name("mtp.1.attn.wkv.weight")
@@ -94,8 +94,9 @@ def test_every_other_answer_is_returned_untouched(name, mapped):
 
 def test_never_maps_onto_a_layer_the_draft_does_not_have():
     # mtp.3 with a 3-layer draft: layer 3 does not exist, so keep vLLM's answer.
-    assert remap_dspark_name("mtp.3.attn.wkv.weight", "model.layers.46.attn.wkv.weight", K) == (
-        "model.layers.46.attn.wkv.weight"
+    assert (
+        remap_dspark_name("mtp.3.attn.wkv.weight", "model.layers.46.attn.wkv.weight", K)
+        == "model.layers.46.attn.wkv.weight"
     )
 
 
@@ -125,8 +126,8 @@ WITH_STANDIN = settings(
     PROPERTY, max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )  # the stand-in is imported once per test; examples never modify it
 
-# A checkpoint's draft names are f"mtp.{i}.{rest}" with an int i: ASCII digits only, and a rest: "mtp.0."
-# names no weight, and whatever vLLM answers for it stands.
+# A checkpoint's draft names are f"mtp.{i}.{rest}" with an int i: ASCII digits only, and a rest:
+# "mtp.0." names no weight, and whatever vLLM answers for it stands.
 MTP = re.compile(r"mtp\.([0-9]+)\.(.+)", re.DOTALL)
 LAYER = re.compile(r"model\.layers\.([0-9]+)\.(.*)", re.DOTALL)
 HEAD = ("norm.weight", "markov_head.weight", "main_proj.weight", "main_norm.weight", "hc_head_fn")
@@ -300,8 +301,9 @@ def test_standin_draft_receives_every_layer_weight_through_the_correction(standi
 def test_the_standin_engine_loads_the_drafts_layer_weights_only_with_the_shim(
     standin_shim, monkeypatch
 ):
-    # tests/standin/warmup.py loads the draft's checkpoint as vLLM's engine does: without the shim its layers' names
-    # are shifted past the target's, so none of them loads where the draft registers it.
+    # tests/standin/warmup.py loads the draft's checkpoint as vLLM's engine does: without the shim
+    # its layers' names are shifted past the target's, so none of them loads where the draft
+    # registers it.
     off = engine_start(standin_shim, monkeypatch, "0")
     assert off["loaded"] and not [
         name for name in off["loaded"] if name.startswith("model.layers.0.")
@@ -315,8 +317,8 @@ def test_with_the_shim_the_standin_engine_loads_them_where_the_draft_registers_t
     assert "model.layers.0.attn.wkv.weight" in on["loaded"], on
 
 
-# --- On real vLLM (tests/real_vllm) ---
-# The remap on vLLM releases from PyPI, read from the real tier's shared runs (tests/real_vllm/runs.py).
+# --- On real vLLM (tests/real_vllm) --- The remap on vLLM releases from PyPI, read from the real
+# tier's shared runs (tests/real_vllm/runs.py).
 
 import json  # noqa: E402
 from functools import partial  # noqa: E402
@@ -330,8 +332,9 @@ REAL_LAYER_WEIGHTS = 10  # the names of each draft layer in tests/real_vllm/insi
 
 
 def real_corrections(n: int, k: int) -> list[list[Any]]:
-    """Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of the grid, and
-    what the correction makes of its answer and of the answer shifted as the reported build shifts it."""
+    """Run in the 0.25.0 venv with the shim on: vLLM's remap through the class, for every name of
+    the grid, and what the correction makes of its answer and of the answer shifted as the reported
+    build shifts it."""
     import grid
 
     from dspark_hotfix.patches.remap_dspark_name import PATCH

@@ -1,5 +1,5 @@
-"""swa_kv_cache_spec: its declarations (tests/patches/__init__.py); its correction is tested with the
-attention patch's in test_fp8_ds_mla.py, the layout both share."""
+"""swa_kv_cache_spec: its declarations (tests/patches/__init__.py); its correction is tested with
+the attention patch's in test_fp8_ds_mla.py, the layout both share."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ FIX = [
     ("import SlidingWindowMLASpec, uint8", "import SlidingWindowMLASpec, get_kv_quant_mode, uint8"),
     (
         'model_version="deepseek_v4",',
-        'model_version="deepseek_v4", kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),',
+        (
+            'model_version="deepseek_v4",'
+            " kv_quant_mode=get_kv_quant_mode(self.cache_config.cache_dtype),"
+        ),
     ),
 ]
 FAULTS = {
@@ -66,16 +69,16 @@ CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtyp
 
 
 def exercise():
-    """vLLM's call of the target: a sliding-window layer's KV-cache spec (through the shim's wrapper where it
-    wraps)."""
+    """vLLM's call of the target: a sliding-window layer's KV-cache spec (through the shim's wrapper
+    where it wraps)."""
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
     return DeepseekV4SWACache().get_kv_cache_spec(CONFIG)
 
 
-# --- On real vLLM (tests/real_vllm) ---
-# The spec on vLLM 0.25.0 with every REVERT applied, read from the real tier's shared run (tests/real_vllm/runs.py):
-# vLLM's own spec method and V2 runner reshape (tests/real_vllm/inside/runner_answers.py), under the kind "swa".
+# --- On real vLLM (tests/real_vllm) --- The spec on vLLM 0.25.0 with every REVERT applied, read
+# from the real tier's shared run (tests/real_vllm/runs.py): vLLM's own spec method and V2 runner
+# reshape (tests/real_vllm/inside/runner_answers.py), under the kind "swa".
 
 import pytest  # noqa: E402
 

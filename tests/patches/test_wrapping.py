@@ -1,8 +1,9 @@
-"""How a patch is wrapped around vLLM's function, on the toy patches (tests/toys.py) in this process: the
-wrapper takes vLLM's arguments as vLLM's function does (whatever their names), calls vLLM once, with what the
-arguments step gives, and passes its answer through the correction; a step that raises gives what vLLM gave,
-said once; a finding stops vLLM worded as the finding. And a target module this vLLM lacks: judged where the
-registry imports it (``everywhere``), else left waiting without a word, while ``dspark-hotfix status`` names it."""
+"""How a patch is wrapped around vLLM's function, on the toy patches (tests/toys.py) in this
+process: the wrapper takes vLLM's arguments as vLLM's function does (whatever their names), calls
+vLLM once, with what the arguments step gives, and passes its answer through the correction; a step
+that raises gives what vLLM gave, said once; a finding stops vLLM worded as the finding. And a
+target module this vLLM lacks: judged where the registry imports it (``everywhere``), else left
+waiting without a word, while ``dspark-hotfix status`` names it."""
 
 from __future__ import annotations
 
@@ -74,9 +75,10 @@ def test_a_wrapper_binds_arguments_as_vllms_function_whatever_their_names(parame
 
 
 def greeter(monkeypatch, **changes: Any) -> tuple[list, Any]:
-    """The toy greeting patch (with ``changes``) as the one patch, installed on a spy standing for vLLM's
-    ``Greeter.greet``: it greets as the toy build does and raises KeyError for ``"bad"`` (vLLM's own error).
-    Returns the names vLLM was called with (the probe's left out) and a greeter."""
+    """The toy greeting patch (with ``changes``) as the one patch, installed on a spy standing for
+    vLLM's ``Greeter.greet``: it greets as the toy build does and raises KeyError for ``"bad"``
+    (vLLM's own error). Returns the names vLLM was called with (the probe's left out) and a greeter.
+    """
     from vllm import toy_model
 
     calls: list = []
@@ -95,8 +97,9 @@ def greeter(monkeypatch, **changes: Any) -> tuple[list, Any]:
 
 
 def planner(monkeypatch, **changes: Any) -> tuple[list, ModuleType]:
-    """The same for the toy stop (with ``changes``) on a spy standing for vLLM's ``plan``. Returns the items vLLM
-    was called with and the module, whose ``plan`` vLLM's callers look up when they call it."""
+    """The same for the toy stop (with ``changes``) on a spy standing for vLLM's ``plan``. Returns
+    the items vLLM was called with and the module, whose ``plan`` vLLM's callers look up when they
+    call it."""
     from vllm import toy_planner
 
     calls: list = []
@@ -133,7 +136,8 @@ def test_the_wrapper_calls_vllm_once_and_passes_its_answer_through_the_correctio
 def test_an_arguments_step_calls_vllm_with_the_arguments_it_gives_and_none_keeps_them(
     toys, monkeypatch, keywords
 ):
-    # A repair of the call: vLLM's function runs once, with what the step gave, where it gave anything.
+    # A repair of the call: vLLM's function runs once, with what the step gave, where it gave
+    # anything.
     def arguments(self, name):
         return None if name == "ada" else ((self,), {"name": name.lower()})
 
@@ -185,7 +189,8 @@ def finds(*args: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["arguments", "correction"])
 def test_a_finding_stops_vllm_worded_as_the_finding(toys, monkeypatch, kind):
-    """A stop's arguments step finds before vLLM's function runs (it never runs); a correction after it ran."""
+    """A stop's arguments step finds before vLLM's function runs (it never runs); a correction after
+    it ran."""
     if kind == "arguments":
         calls, module = planner(monkeypatch, arguments=finds)
         name, call = PLANNER.name, lambda: module.plan(SimpleNamespace(compact=True), [1, 2])
@@ -231,8 +236,8 @@ def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_wit
 def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(
     toys, monkeypatch, tmp_path, absent
 ):
-    # not_needed with the patch's reason where its absence means the bug cannot happen; a problem, said, where
-    # the patch cannot tell. Either way the line is said.
+    # not_needed with the patch's reason where its absence means the bug cannot happen; a problem,
+    # said, where the patch cannot tell. Either way the line is said.
     without(monkeypatch, tmp_path, PLANNER)
     monkeypatch.setattr(
         dspark_hotfix.patches, "ALL", (GREETING, dataclasses.replace(PLANNER, absent=absent))

@@ -48,7 +48,8 @@ def ray_site() -> Path:
 
 
 def node_python(root: Path, ray_site: Path, wheel: Path | None) -> str:
-    """A venv standing in for a Ray node's image: Ray, wrapt and the stand-in vLLM; the wheel if given."""
+    """A venv standing in for a Ray node's image: Ray, wrapt and the stand-in vLLM; the wheel if
+    given."""
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120
     )
@@ -131,7 +132,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def stop_group(proc: subprocess.Popen) -> None:
-    """Stop the processes we started: the session's group, and Ray's workers (sessions of their own)."""
+    """Stop the processes we started: the session's group, and Ray's workers (sessions of their
+    own)."""
     for pid in descendants(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -278,7 +280,8 @@ def test_pythonpath_in_runtime_env_patches_an_actor_at_interpreter_start(
 def test_on_a_separately_started_node_only_the_nodes_own_install_or_environment_counts(
     netns, ray_site, wheel, tmp_path, short_tmp, head
 ):
-    # The node has vLLM but not the shim; the driver has the shim on its PYTHONPATH and the switch set.
+    # The node has vLLM but not the shim; the driver has the shim on its PYTHONPATH and the switch
+    # set.
     bare = node_python(tmp_path / "bare", ray_site, wheel=None)
     address = head(bare, ray_env())
     driver_env = ray_env(PYTHONPATH=f"{REPO}:{STANDIN}", DSPARK_HOTFIX="1")
@@ -290,7 +293,7 @@ def test_on_a_separately_started_node_only_the_nodes_own_install_or_environment_
     assert actor["warmup_error"] == REPORTED_ERROR
 
 
-def test_on_a_separately_started_node_the_installed_wheel_patches_and_runtime_env_carries_the_switch(
+def test_on_a_separately_started_node_the_wheel_patches_and_runtime_env_carries_the_switch(
     netns, ray_site, wheel, tmp_path, short_tmp, head
 ):
     node = node_python(tmp_path / "node", ray_site, wheel)

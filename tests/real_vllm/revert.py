@@ -45,9 +45,11 @@ class Edit:
 
 
 def declared_edits() -> tuple[Edit, ...]:
-    """Every patch's ``REVERT`` edits (tests/patches/test_<name>.py), in the order of ``patches.ALL``.
+    """Every patch's ``REVERT`` edits (tests/patches/test_<name>.py), in the order of
+    ``patches.ALL``.
 
-    Read in the test process only: the declarations import pytest and hypothesis, which a vLLM venv may lack.
+    Read in the test process only: the declarations import pytest and hypothesis, which a vLLM venv
+    may lack.
     """
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
@@ -97,14 +99,15 @@ def _enclosing(lines: list[str], index: int) -> list[str]:
 
 
 def edited_text(source: Path, edit: Edit, text: str | None = None) -> str:
-    """The text of ``source`` (or ``text``, its text so far) with ``edit`` applied, or RevertError naming what
-    was expected."""
+    """The text of ``source`` (or ``text``, its text so far) with ``edit`` applied, or RevertError
+    naming what was expected."""
     lines = (source.read_text() if text is None else text).splitlines(keepends=True)
     hits = [i for i, line in enumerate(lines) if line.strip() == edit.line]
     where = f"{source}: expected exactly one line `{edit.line}` in {edit.function}"
     if len(hits) != 1:
         raise RevertError(
-            f"{where}, found {len(hits)}: this vLLM differs from the release the revert was written for"
+            f"{where}, found {len(hits)}: this vLLM differs from the release the revert was"
+            " written for"
         )
     (index,) = hits
     owner = ".".join(_enclosing(lines, index))

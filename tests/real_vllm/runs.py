@@ -1,4 +1,5 @@
-"""The real tier's shared runs: each costs vLLM imports of a minute or so, so each runs once per session.
+"""The real tier's shared runs: each costs vLLM imports of a minute or so, so each runs once per
+session.
 
 The generic tests in tests/real_vllm and each patch's real-vLLM section (the end of
 tests/patches/test_<name>.py) read the same runs: the inside checks on a release
@@ -31,8 +32,8 @@ from tests.patches import declared
 from tests.real_vllm import revert
 
 INSIDE = Path(__file__).resolve().parent / "inside"
-REVERTED_VERSION = (
-    "0.25.0"  # the first release with the upstream fixes, the reported build's torch (2.11)
+REVERTED_VERSION = (  # the first release with the upstream fixes, the reported build's torch (2.11)
+    "0.25.0"
 )
 REVERTED = f"{REVERTED_VERSION} reverted"  # a build: the release with every patch's REVERT applied
 RECORDS = (
@@ -41,32 +42,33 @@ RECORDS = (
 
 
 def expected(build: str) -> dict[str, str]:
-    """Each patch's state on ``build`` (a release, or ``REVERTED``): ``patched`` where its REVERT re-creates
-    the reported build's code, else its state on the release (``RELEASED``)."""
+    """Each patch's state on ``build`` (a release, or ``REVERTED``): ``patched`` where its REVERT
+    re-creates the reported build's code, else its state on the release (``RELEASED``)."""
     version, _, how = build.partition(" ")
     return {
-        p.name: "patched"
-        if how == "reverted" and declared(p).REVERT
-        else declared(p).RELEASED[version]
+        p.name: (
+            "patched" if how == "reverted" and declared(p).REVERT else declared(p).RELEASED[version]
+        )
         for p in ALL
     }
 
 
 def history(named: Iterable[str], counted: int) -> bool:
-    """Whether a record written with ``counted`` patches, ``named`` among them, is history: written with a patch
-    removed since. A run is then held to it only in the states of the patches of ``ALL`` (the record keeps the
-    rest as it was measured); else the run must reproduce it whole. One that lacks a patch of ``ALL`` is stale."""
+    """Whether a record written with ``counted`` patches, ``named`` among them, is history: written
+    with a patch removed since. A run is then held to it only in the states of the patches of
+    ``ALL`` (the record keeps the rest as it was measured); else the run must reproduce it whole.
+    One that lacks a patch of ``ALL`` is stale."""
     gone = set(named) - {p.name for p in ALL}
     assert counted - len(gone) >= len(ALL), f"the records lack a patch of ALL: {RECORDS}"
     return bool(gone) or counted > len(ALL)
 
 
 def reverted_copy(python: Path, version: str = REVERTED_VERSION) -> Path:
-    """The directory to put first on ``PYTHONPATH``: ``revert.py`` with the declared edits, applied to the
-    venv's ``vllm``.
+    """The directory to put first on ``PYTHONPATH``: ``revert.py`` with the declared edits, applied
+    to the venv's ``vllm``.
 
-    Kept under the venv cache, keyed by the version, the installed package's place, the revert script and
-    the edits, so it is built once (milliseconds: a shadow tree).
+    Kept under the venv cache, keyed by the version, the installed package's place, the revert
+    script and the edits, so it is built once (milliseconds: a shadow tree).
     """
     src = subprocess.run(
         [str(python), "-c", program(vllm_package)],
@@ -98,7 +100,8 @@ def vllm_package() -> str:
 def inside_pytest(
     python: Path, checks: tuple[str, ...], env: dict[str, str], tmp: Path
 ) -> dict[str, Any]:
-    """``checks`` (files of inside/) under the venv's pytest: its output, its skipped tests, what they wrote."""
+    """``checks`` (files of inside/) under the venv's pytest: its output, its skipped tests, what
+    they wrote."""
     junit, out = tmp / "junit.xml", tmp / "answers.json"
     start = time.monotonic()
     proc = subprocess.run(
@@ -118,7 +121,10 @@ def inside_pytest(
         text=True,
         timeout=1800,
     )
-    report = f"{', '.join(checks)} ran {time.monotonic() - start:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    report = (
+        f"{', '.join(checks)} ran {time.monotonic() - start:.0f}"
+        f" s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    )
     cases = list(ET.parse(junit).getroot().iter("testcase")) if junit.is_file() else []
     return {
         "returncode": proc.returncode,
@@ -130,8 +136,8 @@ def inside_pytest(
 
 
 def once_per_run(run: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """``functools.cache``, shared by pytest-xdist's workers: the first to ask runs it, the others wait
-    and read its result (a pickle in a folder of this test run's own)."""
+    """``functools.cache``, shared by pytest-xdist's workers: the first to ask runs it, the others
+    wait and read its result (a pickle in a folder of this test run's own)."""
 
     @functools.cache
     @functools.wraps(run)
@@ -159,9 +165,10 @@ def scratch(name: str) -> Path:
 
 @once_per_run
 def released(version: str) -> dict[str, Any]:
-    """inside/check_real_vllm.py and check_layout.py on ``vllm==version``, the shim activated through
-    ``PYTHONPATH``; its ``answers`` hold each patch's status row, its ``views`` the V2 runner's views of the
-    layout (None where the release no longer views NONE-mode specs as 'auto')."""
+    """inside/check_real_vllm.py and check_layout.py on ``vllm==version``, the shim activated
+    through ``PYTHONPATH``; its ``answers`` hold each patch's status row, its ``views`` the V2
+    runner's views of the layout (None where the release no longer views NONE-mode specs as 'auto').
+    """
     python, seconds = ensure_venv(version)
     tmp = scratch(f"released-{version}")
     env = clean_env(
@@ -182,9 +189,9 @@ def released(version: str) -> dict[str, Any]:
 
 @once_per_run
 def reverted() -> dict[str, Any]:
-    """inside/check_reverted.py on 0.25.0 with every patch's REVERT applied; its ``answers`` hold vLLM's
-    answers without the shim and with it (``runner_answers.py``) and the correction counts of one more
-    round with it."""
+    """inside/check_reverted.py on 0.25.0 with every patch's REVERT applied; its ``answers`` hold
+    vLLM's answers without the shim and with it (``runner_answers.py``) and the correction counts of
+    one more round with it."""
     python, seconds = ensure_venv(REVERTED_VERSION)
     copy = reverted_copy(python)
     env = clean_env(
@@ -197,16 +204,19 @@ def reverted() -> dict[str, Any]:
     return dict(
         run,
         copy=str(copy),
-        report=f"vllm=={REVERTED_VERSION} reverted at {copy} "
-        f"(installed in {seconds:.0f} s)\n{run['report']}",
+        report=(
+            f"vllm=={REVERTED_VERSION} reverted at {copy} "
+            f"(installed in {seconds:.0f} s)\n{run['report']}"
+        ),
     )
 
 
 @once_per_run
 def hybrid_off(build: str, arm: str) -> dict[str, Any]:
     """inside/hybrid_off.py on ``build`` (a release or ``REVERTED``), ``arm`` ``without_shim``
-    (``DSPARK_HOTFIX=0``) or ``with_shim`` (the repository on ``PYTHONPATH``): vLLM's KV-cache grouping of
-    DeepSeek-V4's specs with the hybrid manager on and off, its runner views, and the shim's status."""
+    (``DSPARK_HOTFIX=0``) or ``with_shim`` (the repository on ``PYTHONPATH``): vLLM's KV-cache
+    grouping of DeepSeek-V4's specs with the hybrid manager on and off, its runner views, and the
+    shim's status."""
     version = build.split()[0]
     python, _ = ensure_venv(version)
     path = [str(REPO)]
@@ -226,7 +236,10 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
         timeout=600,
     )
     seconds = time.monotonic() - start
-    report = f"{build} {arm}: hybrid_off.py exited {proc.returncode} after {seconds:.0f} s\n{proc.stderr[-4000:]}"
+    report = (
+        f"{build} {arm}: hybrid_off.py exited {proc.returncode} after {seconds:.0f}"
+        f" s\n{proc.stderr[-4000:]}"
+    )
     assert proc.returncode == 0, report
     result = json.loads(proc.stdout)
     assert result["errors"] == {}, f"{report}\nunexpected failures inside: {result['errors']}"
@@ -236,8 +249,9 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
 def in_venv(
     version: str, code: str, *, shim: bool = True, timeout: int = 900
 ) -> subprocess.CompletedProcess[str]:
-    """``python -c code`` (a :func:`tests.conftest.program`) in the venv of ``vllm==version``, inside/ on
-    ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all)."""
+    """``python -c code`` (a :func:`tests.conftest.program`) in the venv of ``vllm==version``,
+    inside/ on ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all).
+    """
     python, _ = ensure_venv(version)
     path = [str(INSIDE), *([str(REPO)] if shim else [])]
     return subprocess.run(

@@ -1,17 +1,19 @@
-"""The real-vLLM tier for the hybrid-off path: DeepSeek-V4 with the hybrid KV cache manager on and off.
+"""The real-vLLM tier for the hybrid-off path: DeepSeek-V4 with the hybrid KV cache manager on and
+off.
 
-For each release of ``venvs.VERSIONS``, and for 0.25.0 with every patch's ``REVERT`` applied (``runs.REVERTED``:
-the reported build's code), ``inside/hybrid_off.py`` runs once without the shim (``DSPARK_HOTFIX=0``) and once
-with it (the repository on ``PYTHONPATH``, as an operator activates it), each time having vLLM's own KV-cache
-grouping group the representative model's specs with the hybrid manager on and off and building the V2
-runner's views on the CPU (``runs.hybrid_off``: once per session, which each patch's own real-vLLM tests read
-too). Released 0.25.0 loses the ``fp8_ds_mla`` layout with the manager off (512 bytes/token): with the shim,
-no grouping that goes through views it under 584, and with the manager on the shim changes nothing. 0.33.0
-raises its own ``TypeError`` with the manager off, with the shim or without. Every patch is in the state its
-test module declares. What stops the hybrid-off engine, and with which words, is that patch's to test
+For each release of ``venvs.VERSIONS``, and for 0.25.0 with every patch's ``REVERT`` applied
+(``runs.REVERTED``: the reported build's code), ``inside/hybrid_off.py`` runs once without the shim
+(``DSPARK_HOTFIX=0``) and once with it (the repository on ``PYTHONPATH``, as an operator activates
+it), each time having vLLM's own KV-cache grouping group the representative model's specs with the
+hybrid manager on and off and building the V2 runner's views on the CPU (``runs.hybrid_off``: once
+per session, which each patch's own real-vLLM tests read too). Released 0.25.0 loses the
+``fp8_ds_mla`` layout with the manager off (512 bytes/token): with the shim, no grouping that goes
+through views it under 584, and with the manager on the shim changes nothing. 0.33.0 raises its own
+``TypeError`` with the manager off, with the shim or without. Every patch is in the state its test
+module declares. What stops the hybrid-off engine, and with which words, is that patch's to test
 (tests/patches/). The answers are recorded in ``docs/evidence/hybrid-off.json``
-(``DSPARK_HOTFIX_UPDATE_EVIDENCE=1`` writes it). This tier never skips: if a venv cannot be built, it fails
-and says so.
+(``DSPARK_HOTFIX_UPDATE_EVIDENCE=1`` writes it). This tier never skips: if a venv cannot be built,
+it fails and says so.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ pytestmark = pytest.mark.real_vllm
 EVIDENCE = REPO / "docs" / "evidence" / "hybrid-off.json"
 LABELS = (*VERSIONS, REVERTED)
 ARMS = ("without_shim", "with_shim")
-# How each release's hybrid-off grouping treats DeepSeek-V4 (measured: docs/evidence/hybrid-off.json).
+# How each release's hybrid-off grouping treats DeepSeek-V4 (measured:
+# docs/evidence/hybrid-off.json).
 LOSES_LAYOUT, RAISES = "loses the fp8_ds_mla layout", "raises its own TypeError"
 BEHAVIOUR = {"0.25.0": LOSES_LAYOUT, "0.33.0": RAISES}
 STALE = f"{EVIDENCE.relative_to(REPO)} is {runs.RECORDS}"
@@ -76,7 +79,8 @@ def assert_hybrid_on_views_584(result: dict[str, Any]) -> None:
 
 
 def assert_never_narrow(result: dict[str, Any]) -> None:
-    """With the shim, no grouping that went through gives an fp8_ds_mla view under 584 bytes/token."""
+    """With the shim, no grouping that went through gives an fp8_ds_mla view under 584
+    bytes/token."""
     for key in ("hybrid_on", "hybrid_off"):
         if result[key]["outcome"] == "ok":
             for kind in ("swa", "attn"):
@@ -87,8 +91,8 @@ def assert_never_narrow(result: dict[str, Any]) -> None:
 def test_without_the_shim(version):
     if version not in BEHAVIOUR:
         pytest.fail(
-            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
-            "it to BEHAVIOUR"
+            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and"
+            " add it to BEHAVIOUR"
         )
     result = runs.hybrid_off(version, "without_shim")
     print(f"vllm=={version} without the shim: {result['seconds']} s")
@@ -101,8 +105,9 @@ def test_without_the_shim(version):
     assert_hybrid_on_views_584(result)
     off = result["hybrid_off"]
     if BEHAVIOUR[version] == LOSES_LAYOUT:
-        # The reported error's view, on released vLLM: every SWA cache rebuilt as full attention without its
-        # layout, viewed at 512 bytes/token, and every compressor state at the full-attention block size.
+        # The reported error's view, on released vLLM: every SWA cache rebuilt as full attention
+        # without its layout, viewed at 512 bytes/token, and every compressor state at the
+        # full-attention block size.
         assert off["outcome"] == "ok", off
         assert [(g["block_size"], g["layers"]) for g in off["groups"]] == [(256, 13)], off["groups"]
         swa, states = layers(off, "swa"), layers(off, "state")
@@ -138,8 +143,8 @@ def test_without_the_shim(version):
 def test_with_the_shim(version):
     if version not in BEHAVIOUR:
         pytest.fail(
-            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and add "
-            "it to BEHAVIOUR"
+            f"no expectation for vLLM {version}: run tests/real_vllm/inside/hybrid_off.py there and"
+            " add it to BEHAVIOUR"
         )
     result, without = (
         runs.hybrid_off(version, "with_shim"),
@@ -158,21 +163,22 @@ def test_with_the_shim(version):
         # Nothing applied: the hybrid-off path is left as vLLM leaves it, word for word.
         assert wrapped(result) == []
         assert result["hybrid_off"] == without["hybrid_off"]
-    # A merged SWA spec loses kv_quant_mode in every release; no path measured views it (hybrid-off.md), and
-    # the shim leaves it as vLLM makes it.
+    # A merged SWA spec loses kv_quant_mode in every release; no path measured views it
+    # (hybrid-off.md), and the shim leaves it as vLLM makes it.
     assert result["merge"] == without["merge"]
 
 
 def test_reverted_vllm_views_512_without_the_shim_and_never_narrow_with_it():
-    """0.25.0 with every REVERT applied (the reported build's specs): without the shim both managers view
-    512; with it every patch is in its declared state and no grouping that goes through views under 584."""
+    """0.25.0 with every REVERT applied (the reported build's specs): without the shim both managers
+    view 512; with it every patch is in its declared state and no grouping that goes through views
+    under 584."""
     result, without = (
         runs.hybrid_off(REVERTED, "with_shim"),
         runs.hybrid_off(REVERTED, "without_shim"),
     )
     print(
-        f"vllm=={REVERTED_VERSION} reverted: {without['seconds']} s without the shim, {result['seconds']} s "
-        "with it"
+        f"vllm=={REVERTED_VERSION} reverted: {without['seconds']} s without the shim,"
+        f" {result['seconds']} s with it"
     )
     for answer in (result, without):
         assert answer["vllm"] == REVERTED_VERSION
@@ -195,13 +201,14 @@ def test_reverted_vllm_views_512_without_the_shim_and_never_narrow_with_it():
     assert_never_narrow(result)
 
 
-# What a rerun need not reproduce: paths, times, the log, the torch build, the arm's own failures (none).
+# What a rerun need not reproduce: paths, times, the log, the torch build, the arm's own failures
+# (none).
 VOLATILE = ("vllm_file", "seconds", "stderr", "torch", "errors")
 
 
 def deterministic(result: dict[str, Any]) -> dict[str, Any]:
-    """What a rerun must reproduce: vLLM's answers, the shim's decisions; not the shim's wording (the patches'
-    own tests check its words)."""
+    """What a rerun must reproduce: vLLM's answers, the shim's decisions; not the shim's wording
+    (the patches' own tests check its words)."""
 
     def error(e: dict[str, Any] | None) -> dict[str, Any] | None:
         if e is None or not e["type"].startswith("dspark_hotfix."):
@@ -221,11 +228,14 @@ def deterministic(result: dict[str, Any]) -> dict[str, Any]:
 
 def test_evidence_records_the_matrix():
     recorded: dict[str, Any] = {
-        "about": "DeepSeek-V4's KV caches with vLLM's hybrid KV cache manager on and off, measured on the CPU with "
-        "vLLM's own code by tests/real_vllm/inside/hybrid_off.py (4 target layers with compress ratios "
-        "0, 4, 128, 0 and 3 DSpark draft layers, block size 256, fp8_ds_mla); bytes_per_token is the last "
-        "dimension's bytes of the V2 runner's view. Arms: without_shim (DSPARK_HOTFIX=0), with_shim (the "
-        f"repository on PYTHONPATH); {KEY[REVERTED]}: vLLM {REVERTED_VERSION} with PR #47716 reverted.",
+        "about": (
+            "DeepSeek-V4's KV caches with vLLM's hybrid KV cache manager on and off, measured on"
+            " the CPU with vLLM's own code by tests/real_vllm/inside/hybrid_off.py (4 target"
+            " layers with compress ratios 0, 4, 128, 0 and 3 DSpark draft layers, block size 256,"
+            " fp8_ds_mla); bytes_per_token is the last dimension's bytes of the V2 runner's view."
+            " Arms: without_shim (DSPARK_HOTFIX=0), with_shim (the repository on PYTHONPATH);"
+            f" {KEY[REVERTED]}: vLLM {REVERTED_VERSION} with PR #47716 reverted."
+        ),
         "recorded_by": "tests/real_vllm/test_hybrid_off.py (DSPARK_HOTFIX_UPDATE_EVIDENCE=1)",
         "versions": {
             KEY[label]: {

@@ -1,20 +1,18 @@
-"""What a real vLLM process says: the shim's lines, measured per process kind, and the docs that quote them.
+"""What a real vLLM process says: the shim's lines, measured per process kind, and the docs that
+quote them.
 
-Each kind of a ``vllm serve`` process imports the patches' modules in its own
-order, as the H200 server logs show (docs/evidence/serve-h200-logs): the API
-server the model's modules (vLLM's ``ModelConfig`` checks the checkpoint's
-quantization with ``get_quantization_config``, which imports
-``vllm.models.deepseek_v4``: tests/real_vllm/test_metrics.py starts it so) and,
-later, KV-cache grouping's (with its engine client), never the V2 runner's; the
-engine core (tensor parallel 1) grouping first, then the model, then the runner;
-a tensor-parallel worker the model, then the runner, never grouping. The
-modules are imported by name: on a CPU, releases from 0.33.0 on import a CPU
-model package where a GPU server imports these. Here each order runs in a fresh interpreter of a real vLLM release
-(and of 0.25.0 with every patch's REVERT applied, the reported build's code) with the
-shim on ``PYTHONPATH``, as ``dspark-hotfix run`` starts them. The lines, pid
-and time aside, are recorded in docs/evidence/lines.json (``make records``),
-which docs/MATRIX.md quotes whole (harness/tests/test_matrix.py holds it to the
-record): an operator's grep is written from there.
+Each kind of a ``vllm serve`` process imports the patches' modules in its own order, as the H200
+server logs show (docs/evidence/serve-h200-logs): the API server the model's modules (vLLM's
+``ModelConfig`` checks the checkpoint's quantization with ``get_quantization_config``, which imports
+``vllm.models.deepseek_v4``: tests/real_vllm/test_metrics.py starts it so) and, later, KV-cache
+grouping's (with its engine client), never the V2 runner's; the engine core (tensor parallel 1)
+grouping first, then the model, then the runner; a tensor-parallel worker the model, then the
+runner, never grouping. The modules are imported by name: on a CPU, releases from 0.33.0 on import a
+CPU model package where a GPU server imports these. Here each order runs in a fresh interpreter of a
+real vLLM release (and of 0.25.0 with every patch's REVERT applied, the reported build's code) with
+the shim on ``PYTHONPATH``, as ``dspark-hotfix run`` starts them. The lines, pid and time aside, are
+recorded in docs/evidence/lines.json (``make records``), which docs/MATRIX.md quotes whole
+(harness/tests/test_matrix.py holds it to the record): an operator's grep is written from there.
 """
 
 from __future__ import annotations
@@ -40,8 +38,9 @@ from tests.real_vllm.runs import REVERTED, REVERTED_VERSION, reverted_copy
 pytestmark = pytest.mark.real_vllm
 
 EVIDENCE = REPO / "docs" / "evidence" / "lines.json"
-# The patches' modules by where vLLM imports them: the ones judged everywhere (Patch.everywhere: KV-cache
-# grouping's, light) and the model's. The V2 runner's module is no patch's target, imported where vLLM does.
+# The patches' modules by where vLLM imports them: the ones judged everywhere (Patch.everywhere:
+# KV-cache grouping's, light) and the model's. The V2 runner's module is no patch's target, imported
+# where vLLM does.
 GROUPING = tuple(dict.fromkeys(p.module for p in ALL if p.everywhere))
 MODEL = tuple(m for m in dict.fromkeys(p.module for p in ALL) if m not in GROUPING)
 RUNNER = "vllm.v1.worker.gpu.attn_utils"
@@ -103,7 +102,8 @@ def read(line: str) -> tuple[int, dict[str, str]]:
 
 
 def states(line: str) -> dict[str, str]:
-    """The state of each patch of ALL in a line: as named, else ``not_needed`` (a line names every other state)."""
+    """The state of each patch of ALL in a line: as named, else ``not_needed`` (a line names every
+    other state)."""
     named = read(line)[1]
     return {p.name: named.get(p.name, "not_needed") for p in ALL}
 
@@ -136,20 +136,23 @@ def test_every_kind_of_process_gives_one_verdict_per_build(measured):
 
 
 def verdict(build: str) -> str:
-    """The verdict a build's declared states give: a correction applied fixes, a stop alone guards."""
+    """The verdict a build's declared states give: a correction applied fixes, a stop alone
+    guards."""
     patched = [p for p in ALL if runs.expected(build)[p.name] == "patched"]
     return "fixing" if any(not p.stops for p in patched) else "guarding" if patched else "removable"
 
 
 def decorate_logs() -> None:
-    """vLLM's decorate_logs(): from now on its stdout and stderr lines start with ``(EngineCore pid=N)``."""
+    """vLLM's decorate_logs(): from now on its stdout and stderr lines start with ``(EngineCore
+    pid=N)``."""
     from vllm.utils.system_utils import decorate_logs
 
     decorate_logs("EngineCore")
 
 
-# An engine core as vLLM 0.25.0 starts one: its config's classes imported as it is unpickled (the targets with
-# them), then vLLM's decorate_logs() prefixes its stdout and stderr, then EngineCore loads vLLM's plugins.
+# An engine core as vLLM 0.25.0 starts one: its config's classes imported as it is unpickled (the
+# targets with them), then vLLM's decorate_logs() prefixes its stdout and stderr, then EngineCore
+# loads vLLM's plugins.
 ENGINE_CORE = program(
     partial(import_modules, ["vllm.models.deepseek_v4", "vllm.v1.core.kv_cache_utils"]),
     decorate_logs,

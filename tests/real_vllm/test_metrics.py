@@ -79,7 +79,8 @@ def test_several_api_servers_serve_every_process_through_vllms_multiprocess_coll
     assert not api["default"]  # vLLM's CollectorRegistry with a MultiProcessCollector
     scrape = scraped(api)
     pids = {str(engine["pid"]), str(api["pid"])}
-    # prometheus_client was imported in the launcher before the directory was set: its own series stay in memory.
+    # prometheus_client was imported in the launcher before the directory was set: its own series
+    # stay in memory.
     assert scrape.info == {("sitecustomize", __version__, pid): 1 for pid in pids}
     assert str(launcher["pid"]) not in pids
     assert scrape.current(str(engine["pid"])) == scrape.current(str(api["pid"])) == DECIDED

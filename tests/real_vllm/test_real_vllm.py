@@ -1,11 +1,11 @@
 """The real-vLLM tier: the shim against vLLM releases from PyPI, on the CPU.
 
 For each release a cached venv gets ``vllm==X`` (tests/real_vllm/venvs.py), and
-``inside/check_real_vllm.py`` and ``inside/check_layout.py`` run there under that venv's pytest with the
-shim activated the way an operator does it: the repository on ``PYTHONPATH``
-(``tests/real_vllm/runs.py``: one run per release and session, which each patch's own real-vLLM tests
-read too). Every patch must be in the state its test module declares for the release (``RELEASED``).
-Beside it, a short script there copies and pickles the specs wrapt's hooks hand out.
+``inside/check_real_vllm.py`` and ``inside/check_layout.py`` run there under that venv's pytest with
+the shim activated the way an operator does it: the repository on ``PYTHONPATH``
+(``tests/real_vllm/runs.py``: one run per release and session, which each patch's own real-vLLM
+tests read too). Every patch must be in the state its test module declares for the release
+(``RELEASED``). Beside it, a short script there copies and pickles the specs wrapt's hooks hand out.
 This tier never skips: if PyPI cannot be reached, it fails and says so.
 """
 
@@ -59,9 +59,9 @@ def test_shim_on_real_vllm(version):
 
 
 def loader_specs() -> list[Any]:
-    """Once vLLM is imported, the spec of each module the shim still waits for (find_spec imports the parent
-    package, which imports the other targets) has wrapt's proxy loader: whether it copies, deep-copies and
-    pickles; then each patch's state."""
+    """Once vLLM is imported, the spec of each module the shim still waits for (find_spec imports
+    the parent package, which imports the other targets) has wrapt's proxy loader: whether it
+    copies, deep-copies and pickles; then each patch's state."""
     import copy
     import importlib
     import importlib.util
@@ -112,7 +112,8 @@ def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(versi
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ((*rows, states),) = json_lines(proc.stdout)
-    # Importing each target's package imports every target on these releases: prometheus_client is left.
+    # Importing each target's package imports every target on these releases: prometheus_client is
+    # left.
     assert rows == [["prometheus_client", "_ImportHookChainedLoader", True, True, True, True]], (
         proc.stderr[-3000:]
     )

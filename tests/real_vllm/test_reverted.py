@@ -1,12 +1,12 @@
 """The reported bug re-created in real vLLM: 0.25.0 with every patch's ``REVERT`` applied.
 
 ``revert.py`` builds, once per vLLM version, revert script and declared edits, a copy of the cached
-venv's ``vllm`` package with the lines each patch's test module declares (``REVERT``) changed back to the
-reported build's. ``inside/check_reverted.py`` runs in that venv with the copy first on ``PYTHONPATH``
-and the repository after it (``runs.reverted``, once per session): every patch in its declared state,
-the needed ones installed, doctor saying so. What vLLM answers there with and without the shim is each
-patch's to judge (tests/patches/test_<name>.py); here it is held to the committed evidence.
-This tier never skips: if PyPI cannot be reached, it fails and says so.
+venv's ``vllm`` package with the lines each patch's test module declares (``REVERT``) changed back
+to the reported build's. ``inside/check_reverted.py`` runs in that venv with the copy first on
+``PYTHONPATH`` and the repository after it (``runs.reverted``, once per session): every patch in its
+declared state, the needed ones installed, doctor saying so. What vLLM answers there with and
+without the shim is each patch's to judge (tests/patches/test_<name>.py); here it is held to the
+committed evidence. This tier never skips: if PyPI cannot be reached, it fails and says so.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tests.real_vllm import revert, runs
 
 VERSION = runs.REVERTED_VERSION
 EVIDENCE = REPO / "docs" / "evidence" / f"reverted-{VERSION}.json"
-# The remap answers the evidence keeps: a draft layer's weight, and head weights left where vLLM puts them.
+# The remap answers the evidence keeps: a draft layer's weight, and head weights left where vLLM
+# puts them.
 RECORDED_NAMES = (
     "mtp.1.attn.wkv.weight",
     "mtp.2.norm.weight",
@@ -36,9 +37,12 @@ def record(answers: dict) -> dict:
     """What both arms answered, as docs/evidence/reverted-0.25.0.json keeps it."""
     arms = (("reverted", answers["without_shim"]), ("with_shim", answers["with_shim"]))
     return {
-        "source": "vLLM 0.25.0 with PR #47716 reverted (tests/real_vllm/revert.py), on CPU: vLLM's own spec "
-        "methods and V2 runner reshape (_reshape_kv_cache), its DSpark remap for a draft of 3 layers "
-        "over 43; reverted = without the shim, with_shim = the repository on PYTHONPATH after the copy",
+        "source": (
+            "vLLM 0.25.0 with PR #47716 reverted (tests/real_vllm/revert.py), on CPU: vLLM's own"
+            " spec methods and V2 runner reshape (_reshape_kv_cache), its DSpark remap for a draft"
+            " of 3 layers over 43; reverted = without the shim, with_shim = the repository on"
+            " PYTHONPATH after the copy"
+        ),
         "vllm": answers["vllm"],
         "torch": answers["torch"],
         "views": {
@@ -68,7 +72,8 @@ def test_on_reverted_vllm_every_patch_is_in_its_declared_state_and_the_answers_a
     stale = f"{EVIDENCE.relative_to(REPO)} is {runs.RECORDS}"
     assert "patches" in committed, stale
     if runs.history(committed["patches"], len(committed["patches"])):
-        # Written with a patch removed since, whose REVERT the build no longer has: vLLM's answers are history.
+        # Written with a patch removed since, whose REVERT the build no longer has: vLLM's answers
+        # are history.
         assert {name: committed["patches"][name] for name in recorded["patches"]} == recorded[
             "patches"
         ], stale
@@ -105,8 +110,8 @@ def test_revert_names_the_file_and_line_it_expected(tmp_path):
     # The line in another function than the one named does not count either.
     owner, method = first.function.split(".")
     source = (
-        f"class {owner}:\n    def other(self):\n        return f(\n            {first.line}\n        )\n\n"
-        f"    def {method}(self):\n        pass\n"
+        f"class {owner}:\n    def other(self):\n        return f(\n            {first.line}\n      "
+        f"  )\n\n    def {method}(self):\n        pass\n"
     )
     (package / first.path).write_text(source)
     with pytest.raises(revert.RevertError, match=rf"found it in {owner}\.other \(line 4\)"):

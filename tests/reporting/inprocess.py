@@ -1,5 +1,6 @@
-"""Helpers of the in-process tests of switches/ and reporting/: the shim in this very process, on the toy
-patches (the ``toys`` fixture of tests/conftest.py), driven as an operator's process drives it."""
+"""Helpers of the in-process tests of switches/ and reporting/: the shim in this very process, on
+the toy patches (the ``toys`` fixture of tests/conftest.py), driven as an operator's process drives
+it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ TOY_MODULES = tuple(dict.fromkeys(p.module for p in TOYS))  # vllm.toy_model, vl
 
 
 def activate(source: str = "sitecustomize", modules: tuple[str, ...] = TOY_MODULES) -> None:
-    """A process the shim runs in: installed by ``source``, then vLLM imports ``modules`` (its targets)."""
+    """A process the shim runs in: installed by ``source``, then vLLM imports ``modules`` (its
+    targets)."""
     dspark_hotfix.install(source)
     for module in modules:
         importlib.import_module(module)
@@ -34,7 +36,8 @@ def build(
     edits: dict[str, list[tuple[str, str]]],
     name: str = "standin",
 ) -> Path:
-    """A copy of the stand-in with ``edits``, ahead of the stand-in on ``sys.path`` (after the fixture's)."""
+    """A copy of the stand-in with ``edits``, ahead of the stand-in on ``sys.path`` (after the
+    fixture's)."""
     copy = edited_standin(tmp_path / name, edits)
     monkeypatch.syspath_prepend(str(copy))
     return copy
@@ -48,7 +51,8 @@ def command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def report(capsys: pytest.CaptureFixture[str], name: str) -> tuple[int, dict[str, Any]]:
-    """``dspark-hotfix NAME --json`` (status or doctor) in this process: its exit code and its report."""
+    """``dspark-hotfix NAME --json`` (status or doctor) in this process: its exit code and its
+    report."""
     code, out = command(capsys, name, "--json")
     return code, json.loads(out)
 
@@ -58,8 +62,8 @@ def states(report: dict[str, Any]) -> dict[str, str]:
 
 
 def restart() -> None:
-    """This process as a fresh one would start, for the next reader of the same test (tests.conftest.forget):
-    without undoing its patch set, its ``sys.path`` or the switches."""
+    """This process as a fresh one would start, for the next reader of the same test
+    (tests.conftest.forget): without undoing its patch set, its ``sys.path`` or the switches."""
     forget()
 
 
@@ -81,9 +85,11 @@ def startup_module() -> Any:
 
 def as_if_started(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as if ours had been its ``sitecustomize`` (chaining none): doctor then finds an
-    activation path whatever the test environment installs. Start-up itself is tested in subprocesses."""
+    activation path whatever the test environment installs. Start-up itself is tested in
+    subprocesses."""
     monkeypatch.setitem(sys.modules, "sitecustomize", startup_module())
 
 
-# The toys' states on the stand-in as shipped: the greeting and the planner needed, the farewell absent.
+# The toys' states on the stand-in as shipped: the greeting and the planner needed, the farewell
+# absent.
 AS_SHIPPED = {GREETING.name: "patched", FAREWELL.name: "not_needed", PLANNER.name: "patched"}

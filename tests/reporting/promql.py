@@ -1,4 +1,5 @@
-"""Prometheus's promtool, and the PromQL of docs/OPERATORS.md, for the tests that evaluate those queries."""
+"""Prometheus's promtool, and the PromQL of docs/OPERATORS.md, for the tests that evaluate those
+queries."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from tests.conftest import REPO
 
 
 def documented_queries(section: str) -> list[str]:
-    """The queries of the ```promql block of docs/OPERATORS.md's ``section``, each without its comment lines."""
+    """The queries of the ```promql block of docs/OPERATORS.md's ``section``, each without its
+    comment lines."""
     text = (
         (REPO / "docs" / "OPERATORS.md")
         .read_text()
@@ -32,8 +34,9 @@ def documented_queries(section: str) -> list[str]:
 
 
 def promtool() -> str:
-    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, downloaded with apt-get and unpacked
-    once into the cache (never installed: no service of it starts). Where neither can be had, the test skips."""
+    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, downloaded with
+    apt-get and unpacked once into the cache (never installed: no service of it starts). Where
+    neither can be had, the test skips."""
     found = shutil.which("promtool")
     root = cache_dir() / "promtool"
     binary = root / "usr" / "bin" / "promtool"
@@ -41,7 +44,8 @@ def promtool() -> str:
         return found or str(binary)
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         unavailable(
-            "promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's prometheus"
+            "promtool is not on PATH, and this host has no apt-get and dpkg-deb to unpack Debian's"
+            " prometheus"
         )
     download = root.with_name("promtool-deb")
     download.mkdir(parents=True, exist_ok=True)
@@ -56,7 +60,8 @@ def promtool() -> str:
     debs = sorted(download.glob("prometheus_*.deb"))
     if not debs:
         unavailable(
-            f"promtool is not on PATH and Debian's prometheus package could not be downloaded:\n{proc.stderr}"
+            "promtool is not on PATH and Debian's prometheus package could not be"
+            f" downloaded:\n{proc.stderr}"
         )
     subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
     return str(binary)

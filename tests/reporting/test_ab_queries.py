@@ -1,10 +1,12 @@
-"""docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool: on the made-up series of
-ab_series.json (two pods per arm, one restarted), and on the GPU servers' own scrapes (H200 and H100) of the
-silent form's benchmark (docs/evidence/serve-h200-metrics/), where it must give the acceptance vLLM's benchmark
-client measured, and where the output-rate query's counter grows by each run's output tokens.
+"""docs/OPERATORS.md's A/B comparison, evaluated by Prometheus's own promtool: on the made-up series
+of ab_series.json (two pods per arm, one restarted), and on the GPU servers' own scrapes (H200 and
+H100) of the silent form's benchmark (docs/evidence/serve-h200-metrics/), where it must give the
+acceptance vLLM's benchmark client measured, and where the output-rate query's counter grows by each
+run's output tokens.
 
-The answer each arm should get is worked out here from the counters' values, the way Prometheus's rate() works
-(promql/functions.go, extrapolatedRate), and the documented queries must give it; nothing here names a value.
+The answer each arm should get is worked out here from the counters' values, the way Prometheus's
+rate() works (promql/functions.go, extrapolatedRate), and the documented queries must give it;
+nothing here names a value.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ NEAREST = 1e-6  # promtool compares values exactly: both sides are rounded to th
 
 
 def rate(points: list[tuple[float, float]], window: float, at: float) -> float:
-    """rate() of a counter scraped at the ``points`` (time, value), over the ``window`` seconds up to ``at`` (no
-    scrape on the window's start): the increase, resets counted, extrapolated to the window's ends where the
-    scrapes reach close enough, and never back past the counter's zero."""
+    """rate() of a counter scraped at the ``points`` (time, value), over the ``window`` seconds up
+    to ``at`` (no scrape on the window's start): the increase, resets counted, extrapolated to the
+    window's ends where the scrapes reach close enough, and never back past the counter's zero."""
     points = [(t, v) for t, v in points if at - window < t <= at]
     (start, first), (end, last) = points[0], points[-1]
     increase = (
@@ -66,9 +68,10 @@ def series(name: str, labels: dict[str, str]) -> str:
 
 
 def evaluated(pods: list[dict], step: int, tmp_path: Path) -> dict[str, dict[str, float]]:
-    """The documented acceptance and output-rate queries' answer per arm, worked out here, after promtool has
-    given the same answer on the same series. Each pod's counters are (time, value) points at whole multiples of
-    ``step`` seconds from 0; a step without a scrape is a missing sample."""
+    """The documented acceptance and output-rate queries' answer per arm, worked out here, after
+    promtool has given the same answer on the same series. Each pod's counters are (time, value)
+    points at whole multiples of ``step`` seconds from 0; a step without a scrape is a missing
+    sample."""
     acceptance, output = documented_queries("A/B")
     windows = {int(m) * 60 for m in re.findall(r"\[(\d+)m\]", acceptance + output)}
     (window,) = windows  # one window for every rate
@@ -144,8 +147,9 @@ def test_the_documented_ab_queries_give_each_arms_acceptance_and_output_rate(tmp
 
 
 def scraped(path: Path) -> list[tuple[float, dict[str, float], dict[str, str]]]:
-    """The scrapes of one serve-h200-metrics file: each one's epoch, the value of each counter named here
-    (summed over its series), and its header's words (``arm``, ``before=call`` or ``after=<run>``, ``epoch``)."""
+    """The scrapes of one serve-h200-metrics file: each one's epoch, the value of each counter named
+    here (summed over its series), and its header's words (``arm``, ``before=call`` or
+    ``after=<run>``, ``epoch``)."""
     scrapes: list[tuple[float, dict[str, float], dict[str, str]]] = []
     for line in lzma.decompress(path.read_bytes()).decode().splitlines():
         if line.startswith("# scrape "):
@@ -156,8 +160,8 @@ def scraped(path: Path) -> list[tuple[float, dict[str, float], dict[str, str]]]:
     return scrapes
 
 
-# The silent form's benchmark: the same two server processes scraped before each call and after each run (the
-# calls' last carries the benchmark client's runs), and how many scrapes each arm has.
+# The silent form's benchmark: the same two server processes scraped before each call and after each
+# run (the calls' last carries the benchmark client's runs), and how many scrapes each arm has.
 BENCH_SCRAPES = {
     "H200, one warm-up and one timed pair": (("call57", "call58"), 4),
     "H100, one warm-up each": (("call60", "call61"), 3),
@@ -193,8 +197,8 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
     ]
     assert all(len(got) == scrapes for got in points.values()), points
     expected = evaluated(pods, 1, tmp_path)
-    # The query says what vLLM's benchmark client measured over the last call's runs: every draft token accepted
-    # with the shim, none without.
+    # The query says what vLLM's benchmark client measured over the last call's runs: every draft
+    # token accepted with the shim, none without.
     for arm, server in arms.items():
         measured = [run["result"] for run in runs if run["arm"] == server]
         assert measured, server
@@ -210,8 +214,9 @@ def test_the_documented_ab_queries_on_the_gpu_servers_scrapes_give_the_benchmark
 
 
 def test_the_counter_the_output_rate_query_reads_counts_each_benchmark_runs_output_tokens():
-    # Between the scrapes after two runs of one server, vllm:generation_tokens_total grows by the output tokens
-    # vLLM's benchmark client counted in the later run: the output-rate query measures the benchmark's load.
+    # Between the scrapes after two runs of one server, vllm:generation_tokens_total grows by the
+    # output tokens vLLM's benchmark client counted in the later run: the output-rate query measures
+    # the benchmark's load.
     record = json.loads((EVIDENCE / "serve-h200.json").read_text())
     runs = {
         (ses["source"], run["arm"], f"{run['phase']}-{run['rep']}"): run["result"][

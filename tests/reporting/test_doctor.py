@@ -1,10 +1,11 @@
 """``dspark-hotfix doctor`` on the start-up paths it reports: which sitecustomize ran, what it
-chained, what failed, and output that stays short whatever the environment holds; its verdicts (needed,
-switched off, no activation path, no vLLM), from the installed wheel too, and the wrapt releases it knows.
+chained, what failed, and output that stays short whatever the environment holds; its verdicts
+(needed, switched off, no activation path, no vLLM), from the installed wheel too, and the wrapt
+releases it knows.
 
-On the toy patches. What start-up did (the sitecustomize that ran, the interpreter's encoding, the wheel's
-own start-up directory, prometheus_client's multiprocess mode) in fresh interpreters; the rest in this
-process, as if ours had started it (``as_if_started``)."""
+On the toy patches. What start-up did (the sitecustomize that ran, the interpreter's encoding, the
+wheel's own start-up directory, prometheus_client's multiprocess mode) in fresh interpreters; the
+rest in this process, as if ours had started it (``as_if_started``)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def cli(*argv: str) -> str:
 
 
 def doctor(cwd: Path, path: tuple[Path | str, ...], *flags: str, **env: str):
-    """``dspark-hotfix doctor`` in a fresh interpreter from ``cwd``: the checkout last on PYTHONPATH holds the
-    package and the toys (start-up imports the package only where vLLM is imported)."""
+    """``dspark-hotfix doctor`` in a fresh interpreter from ``cwd``: the checkout last on PYTHONPATH
+    holds the package and the toys (start-up imports the package only where vLLM is imported)."""
     full = clean_env(PYTHONPATH=os.pathsep.join(str(p) for p in (*path, REPO)), **env)
     return run_in_env([sys.executable, "-c", cli("doctor", *flags)], full, cwd=cwd)
 
@@ -70,17 +71,19 @@ def test_doctor_names_the_image_sitecustomize_behind_a_second_copy_of_the_shim(t
     assert js.stderr.count("image sitecustomize ran") == 1
     found = json.loads(js.stdout)
     assert found["sitecustomize"]["chained"] == {"file": str(theirs / "sitecustomize.py")}
-    # The text is the report rendered (cli.py prints doctor.render(report)); printed, in the test below.
+    # The text is the report rendered (cli.py prints doctor.render(report)); printed, in the test
+    # below.
     (line,) = [line for line in render(found).splitlines() if line.startswith("sitecustomize ")]
     assert (
-        line
-        == f"sitecustomize ours ({first / 'sitecustomize.py'}), chained {theirs / 'sitecustomize.py'}"
+        line == f"sitecustomize ours ({first / 'sitecustomize.py'}), chained"
+        f" {theirs / 'sitecustomize.py'}"
     )
 
 
 def test_doctor_run_from_a_checkout_root_does_not_name_its_own_root_sitecustomize():
-    # The checkout root holds sitecustomize.py (a link to ours); `-m` puts the working directory on sys.path
-    # after start-up, when nothing chains any more. (`-m` runs the product's patch set: nothing here reads it.)
+    # The checkout root holds sitecustomize.py (a link to ours); `-m` puts the working directory on
+    # sys.path after start-up, when nothing chains any more. (`-m` runs the product's patch set:
+    # nothing here reads it.)
     proc = child(
         args=("-m", "dspark_hotfix", "doctor", "--json"), path=(STARTUP, STANDIN), cwd=REPO
     )
@@ -105,8 +108,8 @@ def test_doctor_reports_an_image_sitecustomize_that_fails_at_every_start(tmp_pat
     }, site
     text = render(found)
     assert (
-        f"sitecustomize ours ({STARTUP / 'sitecustomize.py'}), chained one that failed: RuntimeError: image "
-        "customisation broke\n" in text
+        f"sitecustomize ours ({STARTUP / 'sitecustomize.py'}), chained one that failed:"
+        " RuntimeError: image customisation broke\n" in text
     ), text
 
 
@@ -145,7 +148,8 @@ def test_status_leaves_no_series_of_its_own_in_a_servers_multiprocess_directory(
 
 @pytest.fixture
 def toys_only(tmp_path) -> Path:
-    """A directory that makes the tests' toys importable, and not the checkout's package: the wheel's is used."""
+    """A directory that makes the tests' toys importable, and not the checkout's package: the
+    wheel's is used."""
     root = tmp_path / "toys"
     root.mkdir()
     (root / "tests").symlink_to(REPO / "tests")
@@ -231,7 +235,8 @@ def test_doctor_names_a_wrapt_outside_the_tested_releases(toys, monkeypatch, cap
     code, out = report(capsys, "doctor")
     assert code == 1 and out["versions"]["wrapt"] == version
     assert out["problems"] == [
-        f"wrapt {version} is not one the shim is tested with (1.17 to 2.x): install e.g. wrapt==1.17.3"
+        f"wrapt {version} is not one the shim is tested with (1.17 to 2.x): install e.g."
+        " wrapt==1.17.3"
     ]
 
 
@@ -241,8 +246,8 @@ def test_doctor_fails_when_the_fix_is_needed_but_switched_off(toys, monkeypatch,
     code, out = command(capsys, "doctor")
     assert code == 1
     assert (
-        f"PROBLEM       {GREETING.name}, {PLANNER.name} needed but DSPARK_HOTFIX='0' turns the shim off"
-        in out
+        f"PROBLEM       {GREETING.name}, {PLANNER.name} needed but DSPARK_HOTFIX='0' turns the"
+        " shim off" in out
     )
 
 
@@ -251,7 +256,8 @@ def test_doctor_fails_when_the_fix_is_needed_but_switched_off(toys, monkeypatch,
 def test_with_the_shim_off_nothing_activated_it_whether_or_not_vllm_imports(
     toys, monkeypatch, capsys, vllm, name
 ):
-    # Each command judges the patches in its own process, with the shim off too: that is no activation.
+    # Each command judges the patches in its own process, with the shim off too: that is no
+    # activation.
     as_if_started(monkeypatch)
     monkeypatch.setenv("DSPARK_HOTFIX", "0")
     if vllm == "does not import":
@@ -289,14 +295,15 @@ def test_doctor_warns_about_the_working_directory_on_the_path(toys, monkeypatch,
     code, out = report(capsys, "doctor")
     assert code == 0  # warnings do not change the verdict
     assert [w for w in out["warnings"] if w.startswith("PYTHONPATH ")] == [
-        "PYTHONPATH has entries that depend on the working directory (an empty one is the working directory itself; "
-        "`dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds none when extending it): "
-        "'', 'relative/dir'"
+        "PYTHONPATH has entries that depend on the working directory (an empty one is the working"
+        " directory itself; `dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds"
+        " none when extending it): '', 'relative/dir'"
     ]
 
 
 def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, tmp_path):
-    # A build like a release: the greeting's bug fixed upstream, the farewell's left off; the stop is patched.
+    # A build like a release: the greeting's bug fixed upstream, the farewell's left off; the stop
+    # is patched.
     build(tmp_path, monkeypatch, {module_file(GREETING): FIX[GREETING.name]})
     monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", f"-{FAREWELL.name}")
     code, out = command(capsys, "status")
@@ -304,8 +311,8 @@ def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, t
     assert code == 0 and "verdict       guarding" in out, out
     # What the stop stops: the first paragraph of its step's docstring.
     assert guards == [
-        f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim where no "
-        "deployment uses that"
+        f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim"
+        " where no deployment uses that"
     ]
 
 

@@ -1,8 +1,8 @@
-"""The summary line on stderr: one whole line once every patch is judged, a new whole line on each later
-decision, a WARNING where its verdict exits 1, never silenced by a logging config applied after activation,
-said again under vLLM's process prefix once vLLM puts one on stderr, and the same verdict in every process
-kind (one that imports every target, one that imports only the model's), on a fixed vLLM only the removable
-line. On the toy patches, in this process."""
+"""The summary line on stderr: one whole line once every patch is judged, a new whole line on each
+later decision, a WARNING where its verdict exits 1, never silenced by a logging config applied
+after activation, said again under vLLM's process prefix once vLLM puts one on stderr, and the same
+verdict in every process kind (one that imports every target, one that imports only the model's), on
+a fixed vLLM only the removable line. On the toy patches, in this process."""
 
 from __future__ import annotations
 
@@ -98,8 +98,9 @@ def test_fixing_and_removable_lines_are_info(toys, monkeypatch, tmp_path, edits)
 
 
 def decorate(stream, prefix: str) -> None:
-    """What vLLM's ``decorate_logs`` does to a process's stdout and stderr (``vllm.utils.system_utils``,
-    0.25.0): ``write`` replaced on the stream, so that every line written from then on starts with ``prefix``."""
+    """What vLLM's ``decorate_logs`` does to a process's stdout and stderr
+    (``vllm.utils.system_utils``, 0.25.0): ``write`` replaced on the stream, so that every line
+    written from then on starts with ``prefix``."""
     write = stream.write
     stream.write = lambda text: write(
         "".join(prefix + line for line in text.splitlines(keepends=True))
@@ -107,8 +108,9 @@ def decorate(stream, prefix: str) -> None:
 
 
 def test_the_line_is_said_again_under_vllms_prefix_once_vllm_puts_it_on_stderr(toys, monkeypatch):
-    # An engine core under the launcher: the targets are imported, and the line said, while its process
-    # starts; vLLM then prefixes its stderr, and loads its plugins: the plugin's call says the line again.
+    # An engine core under the launcher: the targets are imported, and the line said, while its
+    # process starts; vLLM then prefixes its stderr, and loads its plugins: the plugin's call says
+    # the line again.
     monkeypatch.setattr(
         sys, "stderr", toys.log
     )  # the process's stderr, where the shim's handler writes
@@ -162,8 +164,8 @@ def test_on_a_fixed_vllm_the_removable_line_is_the_only_one(toys, monkeypatch, t
     assert [state_of(line) for line in toys.summaries()] == [REMOVABLE]
 
 
-# Which target modules a process kind imports: an engine core every one, a tensor-parallel worker only the
-# model's (never the planner's, as a worker never imports vLLM's KV-cache grouping).
+# Which target modules a process kind imports: an engine core every one, a tensor-parallel worker
+# only the model's (never the planner's, as a worker never imports vLLM's KV-cache grouping).
 KINDS = {"engine core": (PLANNER.module, GREETING.module), "worker": (GREETING.module,)}
 
 
@@ -181,8 +183,8 @@ def test_every_process_kind_gives_the_same_verdict(toys, monkeypatch, tmp_path, 
 
 
 def test_the_shims_lines_never_reach_the_root_logger():
-    # An application's logging.basicConfig puts a handler on the root logger: were the shim's lines to
-    # propagate there, every one would be printed twice.
+    # An application's logging.basicConfig puts a handler on the root logger: were the shim's lines
+    # to propagate there, every one would be printed twice.
     from dspark_hotfix import state
 
     seen: list[logging.LogRecord] = []

@@ -162,9 +162,10 @@ def test_nothing_is_shown_where_the_shim_is_off(toys, monkeypatch):
 def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_runs_patched(
     toys, monkeypatch
 ):
-    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone, or after
-    # a reload of the metrics module: a duplicate series). Each later decision and scrape publishes again:
-    # none may register one more collector (they would double at every scrape), nor say it again.
+    # A prometheus_client whose gauges cannot be made (as where the multiprocess directory is gone,
+    # or after a reload of the metrics module: a duplicate series). Each later decision and scrape
+    # publishes again: none may register one more collector (they would double at every scrape), nor
+    # say it again.
     fake = types.ModuleType("prometheus_client")
 
     class Gauge:
@@ -183,11 +184,13 @@ def test_a_failure_in_the_metrics_path_registers_nothing_warns_once_and_vllm_run
     assert registered == []
     assert toys.states() == AS_SHIPPED
     assert toys.lines("WARNING") == [
-        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches are not affected"
+        "cannot show the shim's state on /metrics (OSError: no space left on device); the patches"
+        " are not affected"
     ]
 
 
-# What prometheus_client decides as it is imported, in fresh processes (tests.conftest.in_fresh_process).
+# What prometheus_client decides as it is imported, in fresh processes
+# (tests.conftest.in_fresh_process).
 
 
 def test_the_shim_never_imports_prometheus_client():
@@ -207,8 +210,9 @@ def state_and_prometheus() -> list[object]:
 
 
 def test_multiprocess_collection_shows_each_process_with_its_pid(tmp_path):
-    # As vLLM with --api-server-count above 1: the directory is set before prometheus_client is imported,
-    # the engine core (here: every target imported) writes its files, an API server collects them all.
+    # As vLLM with --api-server-count above 1: the directory is set before prometheus_client is
+    # imported, the engine core (here: every target imported) writes its files, an API server
+    # collects them all.
     directory = str(tmp_path / "prometheus")
     os.mkdir(directory)
     engine = run_python(
@@ -246,7 +250,8 @@ def pid() -> int:
 
 
 def scrapes_around_a_death(dead: int) -> list[str]:
-    """What an API server's MultiProcessCollector shows, before and after vLLM marks ``dead`` dead."""
+    """What an API server's MultiProcessCollector shows, before and after vLLM marks ``dead``
+    dead."""
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
@@ -269,9 +274,10 @@ def collected(directories: list[str]) -> list[str]:
 
 
 def test_the_documented_alerts_find_the_pods_they_name(tmp_path):
-    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what eight pods' processes export:
-    the pod without the shim pages, the B arm of an A/B, off as asked, does not; the pod whose only patch in
-    place is the stop guards, and the pod where the stop is in place beside corrections does not."""
+    """docs/OPERATORS.md's PromQL, evaluated by Prometheus's own promtool on what eight pods'
+    processes export: the pod without the shim pages, the B arm of an A/B, off as asked, does not;
+    the pod whose only patch in place is the stop guards, and the pod where the stop is in place
+    beside corrections does not."""
 
     def pod(name: str, *processes: tuple[list[str], dict[str, str], tuple]) -> str:
         directory = tmp_path / name
@@ -414,8 +420,8 @@ def test_without_promtool_or_apt_get_the_alert_test_skips_with_the_reason_and_fa
 
 
 def forked_while_publishing() -> None:
-    """A child forked while another thread of this process publishes (the state lock held at the fork) decides
-    the model's patches and prints its ``dspark_hotfix_info`` lines."""
+    """A child forked while another thread of this process publishes (the state lock held at the
+    fork) decides the model's patches and prints its ``dspark_hotfix_info`` lines."""
     import json
     import os
     import threading
@@ -504,9 +510,10 @@ def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_
 
 
 def replaced_then_reported() -> list:
-    """This process's pid, the greeting's row in status() at the end, and what a MultiProcessCollector shows:
-    once every toy is judged, after another tool's method replaces the wrapper, and after the shim's next
-    report (a second activation's, as a second plugin load makes)."""
+    """This process's pid, the greeting's row in status() at the end, and what a
+    MultiProcessCollector shows: once every toy is judged, after another tool's method replaces the
+    wrapper, and after the shim's next report (a second activation's, as a second plugin load
+    makes)."""
     import os
 
     import vllm.toy_model
@@ -529,11 +536,12 @@ def replaced_then_reported() -> list:
     ]
 
 
-def test_with_a_multiprocess_directory_a_replaced_function_shows_failed_from_the_processs_next_report(
+def test_with_a_multiprocess_dir_a_replaced_function_shows_failed_from_the_processs_next_report(
     tmp_path,
 ):
-    # README: with PROMETHEUS_MULTIPROC_DIR, "a process's series are as fresh as its last decision or activation":
-    # status() reads the replacement at once; the files, which the process writes itself, at its next report.
+    # README: with PROMETHEUS_MULTIPROC_DIR, "a process's series are as fresh as its last decision
+    # or activation": status() reads the replacement at once; the files, which the process writes
+    # itself, at its next report.
     code = program(
         use_toys,
         partial(import_modules, ["vllm", "prometheus_client", *TARGETS]),
@@ -550,8 +558,8 @@ def test_with_a_multiprocess_directory_a_replaced_function_shows_failed_from_the
     ], proc.stderr
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (
-        "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as fresh as its "
-        "last decision or activation" in readme
+        "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as"
+        " fresh as its last decision or activation" in readme
     )
 
 

@@ -1,11 +1,12 @@
-"""One truth: the hooks, ``status``, ``doctor``, the summary line and ``/metrics`` read the same records.
+"""One truth: the hooks, ``status``, ``doctor``, the summary line and ``/metrics`` read the same
+records.
 
 Each situation is read three ways, one after another in this process, each reader starting afresh
 (``restart``): ``doctor --json`` (where ours started the process), ``status --json`` (where nothing
-activated the shim before it), and ``dspark_hotfix.status()`` in a process whose start-up hook activated
-the shim and that imported vLLM's targets. They must name the same state for every patch, and status and
-doctor must exit alike. On the toy patches. (The launcher's refusals are in tests/launcher/test_launcher.py;
-the wrapper's own words in tests/patches/test_wrappers.py.)
+activated the shim before it), and ``dspark_hotfix.status()`` in a process whose start-up hook
+activated the shim and that imported vLLM's targets. They must name the same state for every patch,
+and status and doctor must exit alike. On the toy patches. (The launcher's refusals are in
+tests/launcher/test_launcher.py; the wrapper's own words in tests/patches/test_wrappers.py.)
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ BUILDS = {"as shipped": {}, "fixed": fixed(), "changed signature": SIGNATURE}
 
 
 def hooks(toys) -> dict[str, str]:
-    """The states in a process whose start-up hook activated the shim, after vLLM imported every target."""
+    """The states in a process whose start-up hook activated the shim, after vLLM imported every
+    target."""
     activate()
     return toys.states()
 
@@ -159,7 +161,8 @@ def test_doctor_status_and_the_hooks_name_the_same_state_and_exit_alike(
     if BUILDS[build_]:
         build(tmp_path, monkeypatch, BUILDS[build_])
     as_if_started(monkeypatch)
-    # doctor where ours started the process: the start-up hook activated the shim as vLLM was imported.
+    # doctor where ours started the process: the start-up hook activated the shim as vLLM was
+    # imported.
     dspark_hotfix.install("sitecustomize")
     doctor = report(capsys, "doctor")
     restart()
@@ -200,8 +203,8 @@ def test_a_reloaded_target_reads_failed_in_status_and_on_metrics_alike(toys):
 def test_an_inconclusive_probe_gives_one_verdict_in_status_and_in_the_commands(
     toys, monkeypatch, capsys, tmp_path
 ):
-    # The toy build greets through an attribute the probe's stand-in lacks: its probe cannot tell, so with the
-    # shim off it is undecided.
+    # The toy build greets through an attribute the probe's stand-in lacks: its probe cannot tell,
+    # so with the shim off it is undecided.
     inconclusive = [('return f"helo, {name}"', 'return f"{self.salutation}, {name}"')]
     build(
         tmp_path,

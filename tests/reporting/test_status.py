@@ -1,6 +1,6 @@
-"""``dspark_hotfix.status()`` and ``status --json``: pending before vLLM is imported, calls and corrections
-counted, and exit 3 (with doctor) where vLLM needs nothing. The same records read by doctor, the hooks and the
-line are in test_one_truth.py. On the toy patches, in this process."""
+"""``dspark_hotfix.status()`` and ``status --json``: pending before vLLM is imported, calls and
+corrections counted, and exit 3 (with doctor) where vLLM needs nothing. The same records read by
+doctor, the hooks and the line are in test_one_truth.py. On the toy patches, in this process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import dspark_hotfix
 from tests.reporting.inprocess import activate, as_if_started, build, report, startup_module
 from tests.toys import GREETING, PLANNER, fixed, module_file
 
-# A build whose greeting is right for one name: the wrapper's calls then count one the correction leaves alone.
+# A build whose greeting is right for one name: the wrapper's calls then count one the correction
+# leaves alone.
 SOMETIMES_RIGHT = {
     module_file(GREETING): [
         (
@@ -80,8 +81,9 @@ def test_doctor_and_status_exit_3_where_vllm_needs_nothing(
 
 
 def test_a_tool_whose_wrapper_raises_on_look_up_over_a_patched_target_is_read_as_failed(toys):
-    # status() walks __wrapped__ down from vLLM's attribute to find the shim's wrapper; a proxy that raises on
-    # that look-up ends the walk: the target is no longer known to call the wrapper, and status() still answers.
+    # status() walks __wrapped__ down from vLLM's attribute to find the shim's wrapper; a proxy that
+    # raises on that look-up ends the walk: the target is no longer known to call the wrapper, and
+    # status() still answers.
     activate()
     from vllm.toy_model import Greeter
 

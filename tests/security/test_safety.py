@@ -124,7 +124,8 @@ def path_without(entry: str) -> None:
 
 
 def test_the_shim_adds_nothing_to_sys_path(tmp_path):
-    # Without the shim on PYTHONPATH the toys come from the checkout appended last, then taken off again.
+    # Without the shim on PYTHONPATH the toys come from the checkout appended last, then taken off
+    # again.
     code = program(
         path_and_hooks,
         USE_LAST,
@@ -159,8 +160,8 @@ def test_a_silent_process_writes_nothing_to_stdout_and_creates_no_files(tmp_path
 
 
 def work_silently() -> None:
-    """Every toy target imported and called (tests.child.toy_calls, a helper), and status() read, printing
-    nothing."""
+    """Every toy target imported and called (tests.child.toy_calls, a helper), and status() read,
+    printing nothing."""
     import dspark_hotfix
 
     toy_calls()
@@ -168,8 +169,9 @@ def work_silently() -> None:
 
 
 def audited() -> list[list[Any]]:
-    """What start-up (run by this step: the child starts with -S) and then the shim's work on the toys did that
-    the audit hooks see, each event with its phase: ``start-up``, ``toys`` (the tests' own module read), ``vllm``."""
+    """What start-up (run by this step: the child starts with -S) and then the shim's work on the
+    toys did that the audit hooks see, each event with its phase: ``start-up``, ``toys`` (the tests'
+    own module read), ``vllm``."""
     import sys
 
     events: list[list[Any]] = []
@@ -279,7 +281,8 @@ def test_start_up_and_patching_open_no_socket_start_no_process_and_write_nothing
 
 
 def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
-    # Until a vLLM module is imported: other imports (here a package's submodule) leave the shim asleep.
+    # Until a vLLM module is imported: other imports (here a package's submodule) leave the shim
+    # asleep.
     with_shim = last_json(run_python(program(module_files)).stdout)
     without = last_json(run_python(program(module_files), path=(STANDIN,)).stdout)
     stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
@@ -292,7 +295,8 @@ def test_start_up_loads_only_the_standard_library_and_the_start_up_module():
 
 
 def module_files() -> dict[str, str | None]:
-    """Each module's file, once a package's submodule is imported (no vLLM module: the shim stays asleep)."""
+    """Each module's file, once a package's submodule is imported (no vLLM module: the shim stays
+    asleep)."""
     import sys
     import xml.dom.minidom  # noqa: F401
 
@@ -300,8 +304,8 @@ def module_files() -> dict[str, str | None]:
 
 
 def fingerprints() -> dict[str, list[str] | None]:
-    """Per patch whose module is imported, what vLLM's attribute holds: its type, and its code's file and digest
-    (marshal's bytes of the code object); None where there is no such attribute."""
+    """Per patch whose module is imported, what vLLM's attribute holds: its type, and its code's
+    file and digest (marshal's bytes of the code object); None where there is no such attribute."""
     import hashlib
     import marshal
     import sys
@@ -323,8 +327,8 @@ def fingerprints() -> dict[str, list[str] | None]:
 
 
 def shipped_fingerprints(root) -> dict[str, list[str] | None]:
-    """:func:`fingerprints`'s answer for the build at ``root`` as it ships: its files compiled here, nothing
-    else run."""
+    """:func:`fingerprints`'s answer for the build at ``root`` as it ships: its files compiled here,
+    nothing else run."""
     out: dict[str, list[str] | None] = {}
     for patch in TOYS:
         path = str(root / module_file(patch))
@@ -345,8 +349,8 @@ def shipped_fingerprints(root) -> dict[str, list[str] | None]:
 
 
 def untouched(build, **env: str):
-    """Imports and calls the toy build at ``build`` (-B: no bytecode written): wrap depths, fingerprints, answers
-    and status; and the build's files, listed before and after."""
+    """Imports and calls the toy build at ``build`` (-B: no bytecode written): wrap depths,
+    fingerprints, answers and status; and the build's files, listed before and after."""
     before = listing(build)
     code = program(use_toys, import_toy_targets, wrap_depths, fingerprints, toy_calls, print_status)
     proc = run_python(code, path=(REPO, build), flags=("-B",), env=env)

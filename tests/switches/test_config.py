@@ -1,9 +1,10 @@
-"""What any switch's value does beyond its own meaning: a malformed on/off value warns once and turns that switch
-off (fail safe), an unknown patch name warns once and is ignored, huge values are cut short, and no value is ever
-evaluated.
+"""What any switch's value does beyond its own meaning: a malformed on/off value warns once and
+turns that switch off (fail safe), an unknown patch name warns once and is ignored, huge values are
+cut short, and no value is ever evaluated.
 
-Each switch's own values: test_kill_switch.py, test_selection.py, test_strict.py. ``DSPARK_HOTFIX`` is read
-at interpreter start (the start-up hook), so its cases run in fresh interpreters; the others in this process."""
+Each switch's own values: test_kill_switch.py, test_selection.py, test_strict.py. ``DSPARK_HOTFIX``
+is read at interpreter start (the start-up hook), so its cases run in fresh interpreters; the others
+in this process."""
 
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ def test_switch_values_are_never_evaluated_and_warn_once_on_one_line(
 
 @pytest.mark.parametrize("payload", sorted(PAYLOADS))
 def test_the_kill_switchs_value_is_never_evaluated_at_interpreter_start(tmp_path, payload):
-    # The start-up hook reads DSPARK_HOTFIX as the interpreter starts: not understood means off, said once
-    # on one line of its own.
+    # The start-up hook reads DSPARK_HOTFIX as the interpreter starts: not understood means off,
+    # said once on one line of its own.
     mark = tmp_path / "pwned"
     proc = child(
         program(use_toys, import_toy_targets, print_status),

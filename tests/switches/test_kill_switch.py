@@ -1,8 +1,9 @@
-"""``DSPARK_HOTFIX``, the kill switch: the words that turn the shim on and off, unset means on, any other
-value turns it off with one warning, and off means nothing is wrapped and nothing is said.
+"""``DSPARK_HOTFIX``, the kill switch: the words that turn the shim on and off, unset means on, any
+other value turns it off with one warning, and off means nothing is wrapped and nothing is said.
 
-The words are tested on ``dspark_hotfix.enabled()`` in this process; the start-up hook reads the switch as the
-interpreter starts, so one of each kind of word, and what off leaves of vLLM, are tested in fresh interpreters."""
+The words are tested on ``dspark_hotfix.enabled()`` in this process; the start-up hook reads the
+switch as the interpreter starts, so one of each kind of word, and what off leaves of vLLM, are
+tested in fresh interpreters."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
         and f"DSPARK_HOTFIX={raw!r}" in lines[0]
         and lines[0].endswith(": the shim is OFF")
     )
-    # The documented log alert (a [dspark_hotfix] line whose verdict exits 1) sees it, as `status` says it.
+    # The documented log alert (a [dspark_hotfix] line whose verdict exits 1) sees it, as `status`
+    # says it.
     assert ALERT.search(lines[0]) and lines[0].startswith("WARNING "), lines[0]
     assert dspark_hotfix.status()["verdict"] == "undecided"
 
@@ -112,8 +114,9 @@ def test_any_other_value_turns_the_shim_off_with_one_warning(switch, capsys, raw
     ids=["a true word", "a false word", "blank", "another value"],
 )
 def test_the_start_up_hook_reads_the_switch_as_the_package_does(raw, on, said):
-    # The start-up hook reads blank, 1 and 0 itself and hands any other value to the package's own reading
-    # (switch()): the same answer, and a value not understood said once in the process, not once per reading.
+    # The start-up hook reads blank, 1 and 0 itself and hands any other value to the package's own
+    # reading (switch()): the same answer, and a value not understood said once in the process, not
+    # once per reading.
     proc = child(program(shim_enabled, shim_enabled), env={"DSPARK_HOTFIX": raw})
     assert json_lines(proc.stdout) == [on, on]
     lines = proc.stderr.splitlines()
@@ -148,6 +151,6 @@ def test_the_readme_and_help_say_blank_is_on_and_any_other_value_off_with_the_wa
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert (
-        "DSPARK_HOTFIX 1/true/on/yes, blank or unset: on; 0/false/off/no: off; anything else: off, with one "
-        "warning (the shim is OFF)" in help_text
+        "DSPARK_HOTFIX 1/true/on/yes, blank or unset: on; 0/false/off/no: off; anything else: off,"
+        " with one warning (the shim is OFF)" in help_text
     )

@@ -1,6 +1,7 @@
-"""``DSPARK_HOTFIX_PATCHES``: selecting and excluding patches by name; a malformed value (unknown names, empty
-entries, names mixed with exclusions) warned about once, briefly however long, with what it selects then;
-and a needed patch the selection leaves off warned about. On the toy patches, in this process."""
+"""``DSPARK_HOTFIX_PATCHES``: selecting and excluding patches by name; a malformed value (unknown
+names, empty entries, names mixed with exclusions) warned about once, briefly however long, with
+what it selects then; and a needed patch the selection leaves off warned about. On the toy patches,
+in this process."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_selection_patches_only_the_named_patch(toys, monkeypatch):
 def test_selecting_only_the_stop_on_a_build_with_the_correction_released_exits_0(
     toys, monkeypatch, capsys, tmp_path
 ):
-    # A build like a release: the greeting's bug fixed upstream, the planner's not; only the stop is selected.
+    # A build like a release: the greeting's bug fixed upstream, the planner's not; only the stop is
+    # selected.
     build(tmp_path, monkeypatch, {module_file(GREETING): FIX[GREETING.name]})
     monkeypatch.setenv("DSPARK_HOTFIX_PATCHES", PLANNER.name)
     code, out = report(capsys, "status")
@@ -37,8 +39,8 @@ def test_an_unknown_name_is_a_warning_in_status_not_a_problem(toys, monkeypatch,
     code, out = command(capsys, "status")
     assert (
         code == 0
-        and "WARNING       DSPARK_HOTFIX_PATCHES='-toy_greting': 1 unknown or empty name ignored; "
-        f"it selects {', '.join(NAMES)} (known: "
+        and "WARNING       DSPARK_HOTFIX_PATCHES='-toy_greting': 1 unknown or empty name ignored;"
+        f" it selects {', '.join(NAMES)} (known: "
         in out
     ), out
 
@@ -112,8 +114,8 @@ def test_names_mixed_with_exclusions_select_the_names_less_the_excluded_and_say_
     )
     assert selected == {GREETING.name}
     assert problem is not None and problem.startswith(
-        f"DSPARK_HOTFIX_PATCHES='{GREETING.name},{PLANNER.name},-{PLANNER.name}': names mixed with -names; "
-        f"it selects {GREETING.name} (known: "
+        f"DSPARK_HOTFIX_PATCHES='{GREETING.name},{PLANNER.name},-{PLANNER.name}': names mixed with"
+        f" -names; it selects {GREETING.name} (known: "
     )
 
 
@@ -141,7 +143,8 @@ def test_unset_or_blank_means_all_silently():
 
 @pytest.mark.parametrize("raw", [",", "-", " , - ", f"{GREETING.name},", f"-{PLANNER.name},-"])
 def test_an_empty_entry_is_said_and_ignored(raw):
-    # A value with no name in it, or an entry without one: never a silent "all" or a silent selection.
+    # A value with no name in it, or an entry without one: never a silent "all" or a silent
+    # selection.
     selected, problem = config.parse_selection(raw, NAMES)
     expected = {
         ",": NAMES,
@@ -174,9 +177,9 @@ def test_the_readme_and_help_say_what_a_malformed_selection_does_in_the_warnings
 
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (
-        "An unknown or empty patch name is ignored, and names mixed with `-names` select the names less those; "
-        "either way one warning says what the value selects."
-    ) in readme
+        "An unknown or empty patch name is ignored, and names mixed with `-names` select the names"
+        " less those; either way one warning says what the value selects." in readme
+    )
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())

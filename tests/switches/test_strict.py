@@ -1,9 +1,10 @@
-"""``DSPARK_HOTFIX_STRICT``: off by default, on for true words only; strict, a patch that cannot be applied
-(a toy target renamed or with another signature, no or an unusable wrapt) stops the process naming the patch,
-its target and a remedy that exists, every retried import is refused, and a correction that raises stops vLLM.
+"""``DSPARK_HOTFIX_STRICT``: off by default, on for true words only; strict, a patch that cannot be
+applied (a toy target renamed or with another signature, no or an unusable wrapt) stops the process
+naming the patch, its target and a remedy that exists, every retried import is refused, and a
+correction that raises stops vLLM.
 
-On the toy patches, in this process; where the interpreter has no wrapt, in one. Each real patch's faults
-in strict mode: tests/patches/test_every_patch.py."""
+On the toy patches, in this process; where the interpreter has no wrapt, in one. Each real patch's
+faults in strict mode: tests/patches/test_every_patch.py."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_strict_is_off_by_default_and_on_for_true_words_only():
 
 
 def test_the_readme_and_help_say_what_strict_stops_and_what_another_value_does(capsys):
-    # what the tests here hold: what cannot be applied and what raises stops vLLM; another value is off, and said
+    # what the tests here hold: what cannot be applied and what raises stops vLLM; another value is
+    # off, and said
     from dspark_hotfix.cli import main
 
     readme = (REPO / "README.md").read_text().splitlines()
@@ -48,12 +50,14 @@ def test_the_readme_and_help_say_what_strict_stops_and_what_another_value_does(c
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert (
-        f"{config.STRICT} 1/true/on/yes: a patch that cannot be applied, or a correction that raises, stops vLLM; "
-        "blank, unset or 0/false/off/no: off; anything else: off, with one warning" in help_text
+        f"{config.STRICT} 1/true/on/yes: a patch that cannot be applied, or a correction that"
+        " raises, stops vLLM; blank, unset or 0/false/off/no: off; anything else: off, with one"
+        " warning" in help_text
     ), help_text
 
 
-# Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it says.
+# Toy builds the toy patches do not expect: the edits, the patch that cannot be applied, and what it
+# says.
 FAULTS = {
     "class renamed": (
         {module_file(GREETING): [("class Greeter:", "class Welcomer:")]},
@@ -135,7 +139,8 @@ def _raising(answer, /, self, name):
 
 
 def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
-    # Without strict mode vLLM's own answer goes on (tests/reporting/test_one_truth.py); strict, the call fails.
+    # Without strict mode vLLM's own answer goes on (tests/reporting/test_one_truth.py); strict, the
+    # call fails.
     monkeypatch.setattr(
         dspark_hotfix.patches,
         "ALL",
@@ -155,16 +160,16 @@ def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
     assert toys.states()[GREETING.name] == "raised"
 
 
-# Where wrapt cannot be used: a wrapt that is not the one the shim knows, in this process; none at all, in an
-# interpreter without it.
+# Where wrapt cannot be used: a wrapt that is not the one the shim knows, in this process; none at
+# all, in an interpreter without it.
 
 
 def test_strict_mode_with_an_unusable_wrapt_fails_every_retry_and_status_names_why(
     toys, monkeypatch
 ):
-    # A retried import must not load vLLM unpatched: the start-up hook activates again at each import of
-    # vllm that did not complete. A wrapt that is not the one the shim knows is as unusable as none: strict
-    # mode stops, status() says failed (not pending) and why.
+    # A retried import must not load vLLM unpatched: the start-up hook activates again at each
+    # import of vllm that did not complete. A wrapt that is not the one the shim knows is as
+    # unusable as none: strict mode stops, status() says failed (not pending) and why.
     monkeypatch.setitem(
         sys.modules, "wrapt", types.ModuleType("wrapt")
     )  # no register_post_import_hook

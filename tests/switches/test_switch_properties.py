@@ -1,10 +1,10 @@
 """The switches' readings as properties, for any value: the README's words for ``DSPARK_HOTFIX`` and
-``DSPARK_HOTFIX_STRICT`` (a true word, a false word, blank, or anything else: off and said once, on one
-bounded line), for ``DSPARK_HOTFIX_PATCHES`` (names, ``-names``, unknown and empty entries, padded and in
-any case), and the start-up hook's own reading of ``DSPARK_HOTFIX``, which must agree with the package's.
-The values are built from labelled parts, so each example's expected reading follows from its labels, not
-from the code under test. The cases in test_kill_switch.py and test_selection.py show each word's effect
-on a running shim; these cover the readings themselves."""
+``DSPARK_HOTFIX_STRICT`` (a true word, a false word, blank, or anything else: off and said once, on
+one bounded line), for ``DSPARK_HOTFIX_PATCHES`` (names, ``-names``, unknown and empty entries,
+padded and in any case), and the start-up hook's own reading of ``DSPARK_HOTFIX``, which must agree
+with the package's. The values are built from labelled parts, so each example's expected reading
+follows from its labels, not from the code under test. The cases in test_kill_switch.py and
+test_selection.py show each word's effect on a running shim; these cover the readings themselves."""
 
 from __future__ import annotations
 
@@ -46,9 +46,14 @@ def switch_values(draw: st.DrawFn) -> tuple[str, str]:
     if label == "blank":
         return draw(PADS), label
     if label == "other":
-        return draw(
-            st.one_of(st.text(max_size=80), st.text(min_size=200, max_size=2000)).filter(not_a_word)
-        ), label
+        return (
+            draw(
+                st.one_of(st.text(max_size=80), st.text(min_size=200, max_size=2000)).filter(
+                    not_a_word
+                )
+            ),
+            label,
+        )
     word = draw(
         st.sampled_from(dspark_hotfix.TRUE_WORDS if label == "true" else dspark_hotfix.FALSE_WORDS)
     )
@@ -105,8 +110,8 @@ def settable(value: tuple[str, str]) -> bool:
 @PROPERTY
 @given(switch_values().filter(settable))
 def test_the_start_up_hook_reads_any_value_of_the_kill_switch_as_the_package_does(value):
-    # start() reads blank, 1 and 0 itself and hands any other value to the package: whatever the value, it
-    # watches for vLLM exactly where the package's reading says on.
+    # start() reads blank, 1 and 0 itself and hands any other value to the package: whatever the
+    # value, it watches for vLLM exactly where the package's reading says on.
     raw, _ = value
     activated: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
@@ -130,8 +135,8 @@ UNKNOWN = st.from_regex(r"zz[a-z_]{0,10}", fullmatch=True)  # never a patch's na
 
 @st.composite
 def selections(draw: st.DrawFn) -> tuple[str, list[tuple[bool, str, str]]]:
-    """A ``DSPARK_HOTFIX_PATCHES`` value and its entries' labels: (excluded, kind, name), kind "known",
-    "unknown" or "empty"."""
+    """A ``DSPARK_HOTFIX_PATCHES`` value and its entries' labels: (excluded, kind, name), kind
+    "known", "unknown" or "empty"."""
     entries, labels = [], []
     for _ in range(draw(st.integers(1, 7))):
         minus, kind = draw(st.booleans()), draw(st.sampled_from(["known", "unknown", "empty"]))
@@ -161,8 +166,8 @@ def test_a_selection_reads_any_value_as_the_readme_says(value):
     ignored = len(
         {name for _, kind, name in labels if kind != "known"}
     )  # names, not entries: "" is one
-    # Only the names, or all but the -names; names mixed with -names: the names less those. So a value with
-    # no usable name (a typo) keeps every patch on.
+    # Only the names, or all but the -names; names mixed with -names: the names less those. So a
+    # value with no usable name (a typo) keeps every patch on.
     assert selected == (named - excluded if named else frozenset(NAMES) - excluded)
     if not ignored and not (named and excluded):
         assert warning is None

@@ -1,10 +1,12 @@
-"""The shared ``fp8_ds_mla`` layout (``dspark_hotfix.patches.fp8_ds_mla``) on a real vLLM release's specs.
+"""The shared ``fp8_ds_mla`` layout (``dspark_hotfix.patches.fp8_ds_mla``) on a real vLLM release's
+specs.
 
 Run beside ``check_real_vllm.py`` by ``tests/real_vllm/runs.py`` (``released``) with the venv's own
-pytest. vLLM's own spec methods answer for the grid's layers (``grid.py``, the instrument); the layout's
-correction must pass every real answer through as the same object, turn a spec as the reported build
-made it into exactly the released fix, and, where the release's V2 runner still views NONE-mode specs as
-'auto', widen its view from 512 to 584 bytes/token. Set ``KV_VIEWS_OUT`` to record those views.
+pytest. vLLM's own spec methods answer for the grid's layers (``grid.py``, the instrument); the
+layout's correction must pass every real answer through as the same object, turn a spec as the
+reported build made it into exactly the released fix, and, where the release's V2 runner still views
+NONE-mode specs as 'auto', widen its view from 512 to 584 bytes/token. Set ``KV_VIEWS_OUT`` to
+record those views.
 """
 
 from __future__ import annotations
@@ -103,7 +105,10 @@ def test_v2_runner_reshape_gives_512_before_and_584_after_the_correction():
         Path(out).write_text(
             json.dumps(
                 {
-                    "source": "vLLM's own V2 runner reshape (vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache) on CPU",
+                    "source": (
+                        "vLLM's own V2 runner reshape (vllm/v1/worker/gpu/attn_utils.py"
+                        " _reshape_kv_cache) on CPU"
+                    ),
                     "vllm": vllm.__version__,
                     "torch": torch.__version__,
                     "views": views,

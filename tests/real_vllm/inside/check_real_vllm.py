@@ -2,9 +2,9 @@
 ``dspark_hotfix.patches.ALL``, in the state this release needs.
 
 Run only by ``tests/real_vllm/runs.py`` (``released``) with the venv's own pytest, beside
-``check_layout.py``. ``EXPECTED_STATES`` is each patch's state here (JSON, from the patches' declarations:
-their ``RELEASED``); ``ANSWERS_OUT`` is where the status rows go for each patch's own real-vLLM tests
-(tests/patches/test_<name>.py).
+``check_layout.py``. ``EXPECTED_STATES`` is each patch's state here (JSON, from the patches'
+declarations: their ``RELEASED``); ``ANSWERS_OUT`` is where the status rows go for each patch's own
+real-vLLM tests (tests/patches/test_<name>.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import grid  # noqa: E402
 
 EXPECTED: dict[str, str] = json.loads(os.environ["EXPECTED_STATES"])
 NEEDED = [p.name for p in ALL if EXPECTED[p.name] == "patched"]
-# Every target module this release has, as a server imports them: the patches judged on import are judged here.
+# Every target module this release has, as a server imports them: the patches judged on import are
+# judged here.
 MODULES = tuple(
     m for m in dict.fromkeys(p.module for p in ALL) if importlib.util.find_spec(m) is not None
 )
@@ -43,8 +44,8 @@ def rows() -> dict[str, dict]:
 
 
 def vllm_function(patch: Patch) -> tuple[Any, Any]:
-    """The class (or module) that holds the patch's target, and what it holds under the target's name
-    (None where this release has neither)."""
+    """The class (or module) that holds the patch's target, and what it holds under the target's
+    name (None where this release has neither)."""
     *owners, name = patch.qualname.split(".")
     owner: Any = sys.modules.get(patch.module)  # None: a module this release lacks
     for part in owners:
@@ -70,7 +71,8 @@ def test_each_patch_is_applied_only_where_this_release_needs_it(patch):
         return
     assert hasattr(function, "__wrapped__") == (row["state"] == "patched"), row
     if row["state"] == "not_needed":
-        # The hook ran on the real import, found the target, and called vLLM's own function to decide.
+        # The hook ran on the real import, found the target, and called vLLM's own function to
+        # decide.
         assert row["detail"].startswith("not needed (vLLM"), row
         where = (
             f"{owner.__module__}.{owner.__qualname__}" if inspect.isclass(owner) else owner.__name__
@@ -140,12 +142,13 @@ def test_doctor_on_real_vllm_says_what_this_release_needs(tmp_path):
 
 
 def test_one_line_says_the_shim_is_removable_only_where_nothing_is_needed():
-    # The patches judged everywhere first, as an engine core imports KV-cache grouping before the model.
+    # The patches judged everywhere first, as an engine core imports KV-cache grouping before the
+    # model.
     first = sorted(MODULES, key=lambda m: not any(p.everywhere for p in ALL if p.module == m))
     proc = _run("".join(f"import {module}\n" for module in first), {}, os.environ["PYTHONPATH"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # One line, which says what this release needs. A probe that runs vLLM's code keeps vLLM's warnings
-    # about it out (the hybrid-off conversion warns that the hybrid manager is off).
+    # One line, which says what this release needs. A probe that runs vLLM's code keeps vLLM's
+    # warnings about it out (the hybrid-off conversion warns that the hybrid manager is off).
     assert "Hybrid KV cache manager is disabled" not in proc.stderr + proc.stdout
     ours = [line for line in (proc.stderr + proc.stdout).splitlines() if "dspark_hotfix" in line]
     assert len(ours) == 1 and ours[0].startswith("INFO "), ours

@@ -1,12 +1,14 @@
-"""Checks that run inside the vLLM 0.25.0 venv on a copy of vLLM with every patch's ``REVERT`` applied.
+"""Checks that run inside the vLLM 0.25.0 venv on a copy of vLLM with every patch's ``REVERT``
+applied.
 
 Run only by ``tests/real_vllm/runs.py`` (``reverted``): ``PYTHONPATH`` is the reverted copy
-(``tests/real_vllm/revert.py``) first, then the repository, so this process runs the reported build's
-code with the shim activated the way an operator does it. The same vLLM without the shim answers in a
-subprocess whose ``PYTHONPATH`` holds the copy alone. ``REVERT_EDITS`` (JSON) are the edits the copy
-carries, ``EXPECTED_STATES`` (JSON) each patch's state here, both from the patches' declarations.
-``ANSWERS_OUT`` is where vLLM's answers with and without the shim go, for each patch's own real-vLLM
-tests (tests/patches/test_<name>.py) and the evidence (docs/evidence/reverted-0.25.0.json).
+(``tests/real_vllm/revert.py``) first, then the repository, so this process runs the reported
+build's code with the shim activated the way an operator does it. The same vLLM without the shim
+answers in a subprocess whose ``PYTHONPATH`` holds the copy alone. ``REVERT_EDITS`` (JSON) are the
+edits the copy carries, ``EXPECTED_STATES`` (JSON) each patch's state here, both from the patches'
+declarations. ``ANSWERS_OUT`` is where vLLM's answers with and without the shim go, for each patch's
+own real-vLLM tests (tests/patches/test_<name>.py) and the evidence
+(docs/evidence/reverted-0.25.0.json).
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ def test_the_copy_shadows_the_installed_vllm_and_carries_the_reverted_lines():
 
 
 def vllm_function(patch: Patch) -> Any:
-    """What vLLM's class (or module) holds under the name of the patch's target: the shim's wrapper, if applied."""
+    """What vLLM's class (or module) holds under the name of the patch's target: the shim's wrapper,
+    if applied."""
     *classes, name = patch.qualname.split(".")
     owner: Any = importlib.import_module(patch.module)
     for cls in classes:

@@ -107,7 +107,8 @@ def fp8_specs() -> dict[str, object]:
 
 
 def specs(block_size: int, cache_dtype: str) -> list[object]:
-    """What vLLM's own spec methods answer for the grid's layers of one block size and cache dtype."""
+    """What vLLM's own spec methods answer for the grid's layers of one block size and cache
+    dtype."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
@@ -154,15 +155,16 @@ def runner_view(
 
 
 def remap(d: Any, name: str) -> Any:
-    """What vLLM's DSpark remap answers for the checkpoint weight ``name`` of draft ``d``, called through the
-    class as vLLM's loader calls it (the shim's wrapper, where it applied one)."""
+    """What vLLM's DSpark remap answers for the checkpoint weight ``name`` of draft ``d``, called
+    through the class as vLLM's loader calls it (the shim's wrapper, where it applied one)."""
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
 
     return DSparkDeepseekV4ForCausalLM._remap_dspark_name(d, name)
 
 
 def crash_path() -> dict[str, Any]:
-    """vLLM's functions on the DSpark crash path, by name, as their classes (or module) hold them."""
+    """vLLM's functions on the DSpark crash path, by name, as their classes (or module) hold
+    them."""
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
     from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4ForCausalLM
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache

@@ -1,18 +1,20 @@
-"""DeepSeek-V4's KV caches in a real vLLM with the hybrid KV cache manager on and off, as one JSON object.
+"""DeepSeek-V4's KV caches in a real vLLM with the hybrid KV cache manager on and off, as one JSON
+object.
 
 Run by ``tests/real_vllm/test_hybrid_off.py`` as ``<venv python> hybrid_off.py``, with the shim on
-``PYTHONPATH`` or without it (or with ``DSPARK_HOTFIX=0``): nothing of the shim is imported before vLLM,
-so whatever the environment activated is what answers. CPU only, no GPU, no model weights.
+``PYTHONPATH`` or without it (or with ``DSPARK_HOTFIX=0``): nothing of the shim is imported before
+vLLM, so whatever the environment activated is what answers. CPU only, no GPU, no model weights.
 
-The specs come from vLLM's own ``get_kv_cache_spec`` methods (called with stand-in ``self`` objects) for a
-representative model: 4 target layers with compress ratios 0, 4, 128, 0 (0 means sliding window only) and
-3 DSpark draft layers (sliding window only), block size 256, ``fp8_ds_mla``. For the hybrid manager on and
-off, vLLM's ``get_kv_cache_groups`` groups them (with a stand-in vllm_config holding a real CacheConfig) and,
-where it succeeds, the V2 runner's views are built on CPU tensors with vLLM's own code
-(``_allocate_kv_cache`` + ``_reshape_kv_cache`` on 0.25-0.28, ``allocate_kv_cache`` on 0.29+). Also
-``SlidingWindowMLASpec.merge([swa, swa])`` and, where ``_reshape_kv_cache`` exists, its view; and
-``dspark_hotfix.status()`` where the package is importable. Anything that fails unexpectedly is named under
-``"errors"``; the caller treats a non-empty one as a failure.
+The specs come from vLLM's own ``get_kv_cache_spec`` methods (called with stand-in ``self`` objects)
+for a representative model: 4 target layers with compress ratios 0, 4, 128, 0 (0 means sliding
+window only) and 3 DSpark draft layers (sliding window only), block size 256, ``fp8_ds_mla``. For
+the hybrid manager on and off, vLLM's ``get_kv_cache_groups`` groups them (with a stand-in
+vllm_config holding a real CacheConfig) and, where it succeeds, the V2 runner's views are built on
+CPU tensors with vLLM's own code (``_allocate_kv_cache`` + ``_reshape_kv_cache`` on 0.25-0.28,
+``allocate_kv_cache`` on 0.29+). Also ``SlidingWindowMLASpec.merge([swa, swa])`` and, where
+``_reshape_kv_cache`` exists, its view; and ``dspark_hotfix.status()`` where the package is
+importable. Anything that fails unexpectedly is named under ``"errors"``; the caller treats a
+non-empty one as a failure.
 """
 
 from __future__ import annotations
@@ -218,7 +220,8 @@ def vllm_config(disable_hybrid: bool) -> Any:
 
 
 def resolve_layout(model: Model, config: Any, specs: dict[str, Any]) -> None:
-    """0.29+: the CacheConfig's KV-cache layout is resolved before grouping (None before 0.29: nothing to do)."""
+    """0.29+: the CacheConfig's KV-cache layout is resolved before grouping (None before 0.29:
+    nothing to do)."""
     cache_config = config.cache_config
     if getattr(cache_config, "kv_cache_layout", "absent") is not None:
         return
@@ -238,7 +241,8 @@ def layer_spec(group: Any, name: str) -> Any:
 
 
 def view_of(tensor: Any) -> dict[str, Any]:
-    """Bytes per token (the last dimension's bytes, times the heads) and slots per block of a runner view."""
+    """Bytes per token (the last dimension's bytes, times the heads) and slots per block of a runner
+    view."""
     shape = list(tensor.shape)
     heads = (
         shape[1] if tensor.dim() == 4 else 1
@@ -331,7 +335,8 @@ def grouping(model: Model, get_groups: Callable[..., Any], disable_hybrid: bool)
     except Exception as exc:
         out["outcome"] = "error"
         out["error"] = described(exc)
-        # The conversion rebuilds specs in place: none rebuilt means it stopped before vLLM's conversion.
+        # The conversion rebuilds specs in place: none rebuilt means it stopped before vLLM's
+        # conversion.
         out["specs_rebuilt"] = sorted(n for n in specs if specs[n] is not before[n])
         return out
     out["outcome"] = "ok"
@@ -367,7 +372,8 @@ def grouping(model: Model, get_groups: Callable[..., Any], disable_hybrid: bool)
 
 
 def merged(model: Model) -> dict[str, Any]:
-    """``SlidingWindowMLASpec.merge([swa, swa])`` and, where ``_reshape_kv_cache`` exists, its view."""
+    """``SlidingWindowMLASpec.merge([swa, swa])`` and, where ``_reshape_kv_cache`` exists, its
+    view."""
     import torch
 
     swa = model.swa()
@@ -419,7 +425,8 @@ def main() -> dict[str, Any]:
         "vllm_file": vllm.__file__,
         "torch": torch.__version__,
     }
-    # The modules of the shim's two targets here, imported as an engine imports them: its hooks decide now.
+    # The modules of the shim's two targets here, imported as an engine imports them: its hooks
+    # decide now.
     for module in ("vllm.v1.core.kv_cache_utils", "vllm.v1.worker.gpu.attn_utils"):
         attempt(f"import {module}", functools.partial(imp, module))
     model = attempt("model", lambda: Model(torch))

@@ -1,4 +1,5 @@
-"""Scrapes vLLM's own ``/metrics`` for the shim's series, in processes arranged as ``vllm serve`` arranges them.
+"""Scrapes vLLM's own ``/metrics`` for the shim's series, in processes arranged as ``vllm serve``
+arranges them.
 
 Run by ``tests/real_vllm/test_metrics.py`` with a real vLLM venv's python, the
 repository on ``PYTHONPATH`` and ``TARGET_MODULES``; prints one JSON object per line:
@@ -21,8 +22,8 @@ import os
 import subprocess
 import sys
 
-# The engine core, the workers' runner, and every patch's target module (TARGET_MODULES, JSON, from the test:
-# the model's, the DSpark draft's, the grouping's).
+# The engine core, the workers' runner, and every patch's target module (TARGET_MODULES, JSON, from
+# the test: the model's, the DSpark draft's, the grouping's).
 ENGINE = (
     "vllm.v1.engine.core",
     "vllm.v1.worker.gpu.attn_utils",
