@@ -19,6 +19,7 @@ demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-
 lint: $(VENV)/.ready
 	$(PY) -m ruff format --check $(PYTHON_SOURCES)
 	$(PY) -m ruff check $(PYTHON_SOURCES)
+	$(PY) scripts/loc
 	$(PY) -m mypy
 
 FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long

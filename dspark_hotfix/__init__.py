@@ -66,11 +66,11 @@ def enabled():
     global _enabled
     if _enabled is None:
         _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True, "the shim")
-        if (
-            problem
-        ):  # tagged as the state lines are (no logging here), with the verdict their alert reads
+        # Tagged as the state lines are (no logging here), with the verdict their alert reads.
+        if problem:
             say(
-                f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}): undecided: {problem}"
+                f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}):"
+                f" undecided: {problem}"
             )
     return _enabled
 
@@ -89,9 +89,8 @@ def install(source="api"):
         raise
     except Exception as exc:
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
-    except (
-        BaseException
-    ):  # an interrupt: vLLM calls a plugin once, so the activation is made whole first
+    except BaseException:
+        # An interrupt. vLLM calls a plugin once, so the activation is made whole first.
         install(source)
         raise
 

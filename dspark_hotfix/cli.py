@@ -61,9 +61,8 @@ def interpreter_of(path: str, args: list[str]) -> list[str] | None:
     except OSError:
         return None
     words = first[2:].split() if first.startswith("#!") else []
-    if (
-        len(words) > 1 and os.path.basename(words[0]) == "env"
-    ):  # `env python3`; an option of env's is no command
+    # `env python3`; an option of env's is no command.
+    if len(words) > 1 and os.path.basename(words[0]) == "env":
         words = [shutil.which(words[1]) or "", *words[2:]]
     if not words or "python" not in os.path.basename(words[0]):
         return None
@@ -111,9 +110,9 @@ def run(command: list[str]) -> int:
     name = next((os.path.basename(w) for w in command if os.path.basename(w) in NOT_CHAINING), "")
     if name:
         print(
-            f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run ours, so the "
-            f"shim would not be active in what it starts; start it the other way round: {name} [its options] "
-            "dspark-hotfix run -- COMMAND",
+            f"dspark-hotfix run: {name} puts its own sitecustomize ahead of ours and does not run"
+            " ours, so the shim would not be active in what it starts; start it the other way"
+            f" round: {name} [its options] dspark-hotfix run -- COMMAND",
             file=sys.stderr,
         )
         return 1
@@ -132,26 +131,23 @@ def run(command: list[str]) -> int:
         )
         if proc.returncode != 0:
             why = ((proc.stdout or proc.stderr).strip().splitlines() or ["?"])[-1]
-            # no index carries it: no bare name
-            wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"
-            hint = (
-                f"; install it there from the wheel you built: {python[0]} -m pip install {wheel}"
-            )
+            if proc.returncode == CANNOT_IMPORT:
+                # No index carries the wheel, so the hint names the file, not the project.
+                wheel = f"dspark_hotfix-{dspark_hotfix.__version__}-py3-none-any.whl"
+                why += f"; install it there from the wheel you built: {python[0]} -m pip install"
+                why += f" {wheel}"
             print(
-                f"dspark-hotfix run: the shim would not be active in {' '.join(python)} (the interpreter of "
-                f"{command[0]}): {why}{hint if proc.returncode == CANNOT_IMPORT else ''}",
+                f"dspark-hotfix run: the shim would not be active in {' '.join(python)}"
+                f" (the interpreter of {command[0]}): {why}",
                 file=sys.stderr,
             )
             return 1
         checked = f"{' '.join(python)} starts it"
-    off = (
-        ""
-        if dspark_hotfix.enabled()
-        else f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
-    )
+    if not dspark_hotfix.enabled():
+        checked += f"; {ENABLE}={os.environ.get(ENABLE)!r} turns the hotfix off in it"
     print(
-        f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]} with PYTHONPATH={env['PYTHONPATH']} "
-        f"({checked}{off})",
+        f"dspark_hotfix {dspark_hotfix.__version__}: running {command[0]}"
+        f" with PYTHONPATH={env['PYTHONPATH']} ({checked})",
         file=sys.stderr,
     )
     try:
@@ -171,10 +167,13 @@ def stop(code, why):
 if sys.flags.no_site:
     stop(1, "-S: it runs no site, so no sitecustomize; start it without -S")
 if sys.flags.ignore_environment:
-    stop(1, f"-{'I' if sys.flags.isolated else 'E'}: it ignores PYTHONPATH; start it without that option")
-# Ours ran: it is the sitecustomize of this process (it chains one it shadows), or it watches for vLLM.
-started = hasattr(sys.modules.get("sitecustomize"), "VllmImportWatcher") or \
-    any(type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path)
+    flag = "-I" if sys.flags.isolated else "-E"
+    stop(1, f"{flag}: it ignores PYTHONPATH; start it without that option")
+# Ours ran: it is the sitecustomize of this process (it chains one it shadows), or it watches
+# for vLLM.
+started = hasattr(sys.modules.get("sitecustomize"), "VllmImportWatcher") or any(
+    type(f).__name__ == "VllmImportWatcher" for f in sys.meta_path
+)
 try:
     import dspark_hotfix.registry, wrapt
 except ImportError as exc:
@@ -189,9 +188,8 @@ def show(command: str, as_json: bool) -> int:
     from dspark_hotfix import doctor
 
     report = doctor.diagnose() if command == "doctor" else doctor.report("status")
-    if hasattr(
-        sys.stdout, "reconfigure"
-    ):  # an environment value that the locale cannot encode is escaped
+    # An environment value that the locale cannot encode is escaped.
+    if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     print(json.dumps(report, indent=2) if as_json else doctor.render(report))
     return int(report["exit_code"])
@@ -201,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     plain = argparse.RawDescriptionHelpFormatter  # the epilog as written
     parser = argparse.ArgumentParser(
         prog="dspark-hotfix",
-        description="In-place hotfix for vLLM builds whose DeepSeek-V4 DSpark speculative decoding crashes.",
+        description=(
+            "In-place hotfix for vLLM builds whose DeepSeek-V4 DSpark speculative decoding crashes."
+        ),
         epilog=EPILOG,
         formatter_class=plain,
     )

@@ -36,19 +36,18 @@ def parse_selection(raw: str | None, known: Iterable[str]) -> tuple[frozenset[st
     include = {name for minus, name in pairs if name in names and not minus}
     exclude = {name for minus, name in pairs if name in names and minus}
     selected = include - exclude if include else set(names) - exclude
-    ignored = len(
-        {name for _, name in pairs if name not in names}
-    )  # unknown, or empty ("," or "-")
+    # Unknown names, and empty entries ("," or "-").
+    ignored = len({name for _, name in pairs if name not in names})
     if not ignored and not (include and exclude):
         return frozenset(selected), None
-    why = (
-        f"{ignored} unknown or empty name{'s' * (ignored > 1)} ignored"
-        if ignored
-        else "names mixed with -names"
-    )
+    if ignored:
+        why = f"{ignored} unknown or empty name{'s' if ignored > 1 else ''} ignored"
+    else:
+        why = "names mixed with -names"
+    chosen = ", ".join(n for n in names if n in selected) or "none"
     return frozenset(selected), (
-        f"{PATCHES}={shown(raw)}: {why}; it selects {', '.join(n for n in names if n in selected) or 'none'} "
-        f"(known: {', '.join(names)}; name,name selects only those, -name,-name all but those)"
+        f"{PATCHES}={shown(raw)}: {why}; it selects {chosen} (known: {', '.join(names)};"
+        " name,name selects only those, -name,-name all but those)"
     )
 
 
@@ -57,9 +56,8 @@ class Settings:
 
     def __init__(self, known: Iterable[str], env: Mapping[str, str] = os.environ) -> None:
         self.strict, strict_problem = switch(STRICT, env.get(STRICT), False, "strict mode")
-        self.selected, self.warning = parse_selection(
-            env.get(PATCHES), known
-        )  # said, not a problem
+        # The selection's warning is said, but it is not a problem.
+        self.selected, self.warning = parse_selection(env.get(PATCHES), known)
         self.problems = [
             p for p in (switch(ENABLE, env.get(ENABLE), True, "the shim")[1], strict_problem) if p
         ]

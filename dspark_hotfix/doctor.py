@@ -21,11 +21,8 @@ import dspark_hotfix
 from dspark_hotfix import config, patches, registry, state
 
 PLUGIN_NAME = "dspark_hotfix"
-FLAGS = (
-    ("-S", "no_site"),
-    ("-E", "ignore_environment"),
-    ("-I", "isolated"),
-)  # each keeps the start-up hook out
+# Each of these interpreter flags keeps the start-up hook out.
+FLAGS = (("-S", "no_site"), ("-E", "ignore_environment"), ("-I", "isolated"))
 
 
 def few(items: list[str], limit: int = 3) -> list[str]:
@@ -71,14 +68,12 @@ def plugin_state() -> tuple[dict[str, Any], list[str]]:
     )
     allowed = names is None or PLUGIN_NAME in names
     spaced = [n for n in dict.fromkeys(names or ()) if n != n.strip() and n.strip() == PLUGIN_NAME]
-    problems = (
-        [
-            f"VLLM_PLUGINS={dspark_hotfix.shown(raw)}: vLLM reads {', '.join(few(spaced))} with the spaces, so "
-            f"it does not load {PLUGIN_NAME}; write it without spaces"
-        ]
-        if spaced and not allowed
-        else []
-    )
+    problems = []
+    if spaced and not allowed:
+        problems.append(
+            f"VLLM_PLUGINS={dspark_hotfix.shown(raw)}: vLLM reads {', '.join(few(spaced))} with the"
+            f" spaces, so it does not load {PLUGIN_NAME}; write it without spaces"
+        )
     return {
         "visible": visible,
         "allowed": allowed,
@@ -93,9 +88,8 @@ def report(source: str) -> dict[str, Any]:
     rows: ``status`` prints this, ``doctor`` adds the serving environment."""
     problems = list(config.settings().problems)
     version = None
-    os.environ.pop(
-        "PROMETHEUS_MULTIPROC_DIR", None
-    )  # this process's series must not join a server's
+    # This process's series must not join a server's.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     # vLLM logs to stdout and binds its handler when imported: keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
         try:
@@ -105,19 +99,17 @@ def report(source: str) -> dict[str, Any]:
                 f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})"
             )
         else:
-            for module in dict.fromkeys(
-                p.module for p in patches.ALL
-            ):  # activated as in the server, where it is
+            # Each target module is imported as in the server, where the shim is active. A
+            # module this vLLM lacks is no problem: its patches are judged so (Patch.absent).
+            for module in dict.fromkeys(p.module for p in patches.ALL):
                 try:
                     importlib.import_module(module)
-                except (
-                    Exception
-                ) as exc:  # but a module this vLLM lacks: its patches are judged so (Patch.absent)
+                except Exception as exc:
                     if not (isinstance(exc, ModuleNotFoundError) and exc.name == module):
                         problems.append(f"cannot import {module}: {type(exc).__name__}: {exc}")
-            registry.activate(
-                source
-            )  # where nothing did: the hooks fire at once on what is imported
+            # Where nothing activated the shim, this does: the hooks fire at once on what is
+            # imported.
+            registry.activate(source)
     out = registry.status()
     out.update(vllm=version, warnings=[w for w in [config.settings().warning] if w])
     return finish(out, problems)
@@ -145,9 +137,8 @@ def diagnose() -> dict[str, Any]:
     # run, the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper
     # (opentelemetry-instrument).
     module = sys.modules.get("sitecustomize")
-    ours = hasattr(
-        module, "VllmImportWatcher"
-    )  # the start-up hook's import watcher: our sitecustomize
+    # The start-up hook's import watcher marks our sitecustomize.
+    ours = hasattr(module, "VllmImportWatcher")
     site = {
         "ours": ours,
         "file": getattr(module, "__file__", None),
@@ -163,23 +154,25 @@ def diagnose() -> dict[str, Any]:
         copies = [os.path.join(e, "sitecustomize.py") for e in entries if os.path.isabs(e)]
         site["ahead"] = next((f for f in copies if os.path.isfile(f) and is_shim(f)), None)
 
-    if site["ahead"]:  # a problem where that leaves no activation path, else a warning
+    if site["ahead"]:
+        # A problem where that leaves no activation path, else a warning.
         (problems if needed and not plugin["active"] else warnings).append(
-            f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so ours does not run: "
-            "start `dspark-hotfix run` inside the tool's wrapper, which puts ours first and chains theirs "
-            "(opentelemetry-instrument dspark-hotfix run -- COMMAND)"
+            f"{site['file']} runs ahead of ours ({site['ahead']}) and does not chain it, so ours"
+            " does not run: start `dspark-hotfix run` inside the tool's wrapper, which puts ours"
+            " first and chains theirs (opentelemetry-instrument dspark-hotfix run -- COMMAND)"
         )
     elif needed and not (ours or plugin["active"]):
         problems.append(
-            "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix run`), "
-            "or install the wheel where vLLM runs and allow it in VLLM_PLUGINS"
+            "no activation path: put `dspark-hotfix path` on PYTHONPATH (or use `dspark-hotfix"
+            " run`), or install the wheel where vLLM runs and allow it in VLLM_PLUGINS"
         )
     relative = [e for e in dict.fromkeys(entries) if not os.path.isabs(e)]
     if relative:
         warnings.append(
-            "PYTHONPATH has entries that depend on the working directory (an empty one is the working "
-            "directory itself; `dspark-hotfix run` drops them, and ${PYTHONPATH:+:$PYTHONPATH} adds "
-            f"none when extending it): {', '.join(few(relative))}"
+            "PYTHONPATH has entries that depend on the working directory (an empty one is the"
+            " working directory itself; `dspark-hotfix run` drops them, and"
+            " ${PYTHONPATH:+:$PYTHONPATH} adds none when extending it):"
+            f" {', '.join(few(relative))}"
         )
 
     try:
@@ -250,15 +243,16 @@ def render(report: dict[str, Any]) -> str:
     lines += [f"WARNING       {w}" for w in report["warnings"]]
     lines += [f"PROBLEM       {p}" for p in report["problems"]]
     verdict = report["verdict"]
-    if (
-        verdict == "guarding"
-    ):  # its patched rows are stops: each says what it stops, its step's first paragraph
+    # Where it guards, the patched rows are stops: each says what it stops, in the first paragraph
+    # of its step's docstring.
+    if verdict == "guarding":
         said = {
             p.name: " ".join((p.arguments.__doc__ or "").split("\n\n")[0].split()).rstrip(".")
             for p in patches.ALL
         }
         lines += [
-            f"guards        {row['name']}: {said.get(row['name'])}; remove the shim where no deployment uses that"
+            f"guards        {row['name']}: {said.get(row['name'])};"
+            " remove the shim where no deployment uses that"
             for row in report["patches"]
             if row["state"] == state.PATCHED
         ]

@@ -39,35 +39,32 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
     global _gauges
     if module is None and not state.running("prometheus_client"):
         module = sys.modules.get("prometheus_client")
-    if not hasattr(module, "Gauge"):  # (further up this thread, it is still running)
+    # Further up this thread, the module is still running.
+    if not hasattr(module, "Gauge"):
         return
     try:
         with state.lock:
-            if (
-                _gauges is None
-            ):  # marked once made, and registered: an interrupt before leaves it to the next
+            # The gauges are marked made once they are registered too: an interrupt before that
+            # leaves both to the next publish, which registers the same collector again (it names
+            # no series until then).
+            if _gauges is None:
                 made = _make(module)
                 _at_scrape.args = (source, records)
-                module.REGISTRY.register(
-                    _at_scrape
-                )  # (again after an interrupt: the same collector, no names)
+                module.REGISTRY.register(_at_scrape)
                 _gauges = made
             if not _gauges:
                 return
             info, states, needed = _gauges
-            info.labels(dspark_hotfix.__version__, source).set(
-                1
-            )  # a forked child's files start empty
+            # Set at every publish: a forked child's files start empty.
+            info.labels(dspark_hotfix.__version__, source).set(1)
             for record, row in zip(records, state.judge(records)["patches"], strict=True):
-                stop = str(
-                    record.patch.stops
-                ).lower()  # "true": a stop, which corrects nothing (see Patch.stops)
+                # "true" for a stop, which corrects nothing (see Patch.stops).
+                stop = str(record.patch.stops).lower()
                 for word in state.STATES:
                     states.labels(row["name"], word, stop).set(int(word == row["state"]))
                 if row["state"] != state.PENDING:
-                    needed.labels(row["name"], stop).set(
-                        -1 if row["needed"] is None else int(row["needed"])
-                    )
+                    judged = -1 if row["needed"] is None else int(row["needed"])
+                    needed.labels(row["name"], stop).set(judged)
     except Exception as exc:
         _gauges = ()  # said once, never retried
         state.log(
@@ -112,9 +109,8 @@ class _AtScrape:
     args: tuple[str, Iterable[state.Record]] = ("", ())
 
     def collect(self) -> list[Any]:
-        if (
-            not state.lock.locked()
-        ):  # a scrape during a publish (or a state change) reads what it writes
+        # A scrape during a publish, or during a state change, reads what that writes.
+        if not state.lock.locked():
             publish(*self.args)
         return [family for gauge in _gauges or () for family in gauge.collect()]
 

@@ -63,30 +63,30 @@ class Activation:
 
     def __init__(self, source: str) -> None:
         self.source, self.enabled = source, dspark_hotfix.enabled()
-        self.said: tuple[Any, Any] = ("", None)  # the last line said, and where
+        # The last line said, and the stderr writer it went to (see _report).
+        self.said: tuple[Any, Any] = ("", None)
         self.settings = config.settings()
-        self.records = {
-            p.name: Record(p) for p in patches.ALL
-        }  # the set in force when it activates
-        self.registering = threading.RLock()  # one thread registers, or decides, at a time
+        # The patch set in force when it activates.
+        self.records = {p.name: Record(p) for p in patches.ALL}
+        # One thread registers, or decides, at a time.
+        self.registering = threading.RLock()
         self.hooks = [
             (r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()
         ]
-        self.hooks += [
-            ("prometheus_client", functools.partial(metrics.publish, source, self.records.values()))
-        ] * self.enabled  # (the gauges)
-        for problem in (
-            [*self.settings.problems, *filter(None, [self.settings.warning])]
-            if self.enabled
-            else ()
-        ):
-            log(logging.WARNING, problem)  # once in the process
+        if self.enabled:
+            # The gauges on /metrics, from the import of vLLM's metrics client on.
+            gauges = functools.partial(metrics.publish, source, self.records.values())
+            self.hooks.append(("prometheus_client", gauges))
+            # The switches' complaints, said once in the process.
+            for problem in (*self.settings.problems, self.settings.warning):
+                if problem:
+                    log(logging.WARNING, problem)
 
 
 _active: Activation | None = None  # guarded by state.lock
-_stuck: set[str] = (
-    set()
-)  # modules being imported when this process forked: their importer is not here
+
+# Modules that were being imported when this process forked: their importer is not here.
+_stuck: set[str] = set()
 
 
 def _after_fork_in_child() -> None:
@@ -94,17 +94,16 @@ def _after_fork_in_child() -> None:
     the fork would hang every import in the child. The child keeps what its parent had done (a
     registration another thread had under way included); it completes the rest itself, but never
     waits for a module that was part-way imported at the fork: its importer is not in the child."""
-    state.lock = threading.Lock()  # (the gauges' too)
-    if hasattr(
-        importer := sys.modules.get("wrapt.importer"), "_post_import_hooks_lock"
-    ):  # wrapt's private name
+    state.lock = threading.Lock()
+    importer = sys.modules.get("wrapt.importer")
+    if hasattr(importer, "_post_import_hooks_lock"):
         importer._post_import_hooks_lock = threading.RLock()  # type: ignore[union-attr]
-    _stuck.update(
-        list(sys.modules["importlib._bootstrap"]._module_locks)
-    )  # (a stuck one stays so: CPython's table)
+    # CPython's table holds a lock for each import under way: those stay stuck in the child.
+    _stuck.update(list(sys.modules["importlib._bootstrap"]._module_locks))
     if _active is not None:
         _active.registering = threading.RLock()
-        with contextlib.suppress(Exception):  # (said by the records it leaves pending)
+        # What this cannot complete stays pending, and its record says what it waits for.
+        with contextlib.suppress(Exception):
             activate(_active.source)
 
 
@@ -130,44 +129,37 @@ def activate(source: str) -> None:
     for module in (m for m, _ in activation.hooks if m in locks and m not in _stuck):
         with contextlib.suppress(Exception):
             importlib.import_module(module)
-    with (
-        activation.registering
-    ):  # judged whole here: wrapt's at-once firing judges half of a module that
-        for r in activation.records.values():  # another thread puts in sys.modules meanwhile
-            if (
-                r.state == PENDING
-                and r.patch.module in sys.modules
-                and not state.running(r.patch.module)
-            ):
-                _decide(activation, r, sys.modules[r.patch.module])
+    # A module loaded before is judged here, whole. wrapt's at-once firing would judge half of a
+    # module that another thread puts in sys.modules meanwhile.
+    with activation.registering:
+        for record in activation.records.values():
+            module = record.patch.module
+            if record.state == PENDING and module in sys.modules and not state.running(module):
+                _decide(activation, record, sys.modules[module])
     _import_everywhere(activation)
     _report(activation)
 
 
 def _register(activation: Activation) -> None:
+    """Put the shim's finder ahead of wrapt's, once; arm the hooks of the modules still running."""
     try:
         import wrapt
 
-        if not any(
-            finder is _finder for finder in sys.meta_path
-        ):  # (a wrapt without its chained loader fails here)
-            chained = (
-                wrapt.importer._ImportHookChainedLoader
-            )  # its specs copy and pickle (see the note below)
+        if not any(finder is _finder for finder in sys.meta_path):
+            # A wrapt without its chained loader fails here. Its specs copy and pickle (see the
+            # note below).
+            chained = wrapt.importer._ImportHookChainedLoader
             chained.__copy__ = chained.__deepcopy__ = None
             chained.__reduce_ex__ = lambda self, protocol: self.__wrapped__.__reduce_ex__(protocol)
-            wrapt.register_post_import_hook(
-                lambda module: None, __name__
-            )  # ahead of wrapt's finder: wrapt's
-            sys.meta_path.insert(0, _finder)  # first registration puts it first
-        for module in (
-            m for m, _ in activation.hooks if state.running(m)
-        ):  # its loader may be wrapt's or the
-            _arm(
-                activation, module
-            )  # start-up hook's, which run the hooks armed once the module has run
+            # wrapt's first registration puts its finder first on sys.meta_path; ours goes ahead.
+            wrapt.register_post_import_hook(lambda module: None, __name__)
+            sys.meta_path.insert(0, _finder)
+        # A module still running gets its hooks from its loader, wrapt's or the start-up hook's:
+        # both run the hooks armed once the module has run.
+        for module in (m for m, _ in activation.hooks if state.running(m)):
+            _arm(activation, module)
     except Exception as exc:  # absent, broken in this environment, or not the wrapt we know
-        # said once; strict mode raises at every try
+        # Said once; strict mode raises at every try.
         why = f"wrapt is not usable ({type(exc).__name__}: {exc})"
         settled = [
             _set_state(activation, r, FAILED, None, why) for r in activation.records.values()
@@ -194,9 +186,8 @@ def _register(activation: Activation) -> None:
 
 
 def _on_import(activation: Activation, record: Record, module: Any) -> None:
-    _decide(
-        activation, record, module
-    )  # strict mode: HotfixError fails this import, and every retry (see _find)
+    # In strict mode a HotfixError fails this import, and every retry of it (see _find).
+    _decide(activation, record, module)
     _import_everywhere(activation)
     _report(activation)
 
@@ -211,12 +202,17 @@ def _report(activation: Activation) -> None:
     try:
         with state.lock:
             line = state.line(activation.records.values()) if activation.enabled else None
-            said = (line, getattr(sys.stderr, "__dict__", {}).get("write"))  # None: not decorated
-            before, activation.said = activation.said, said if line else activation.said
+            # The writer is None where vLLM has not decorated stderr.
+            said = (line, getattr(sys.stderr, "__dict__", {}).get("write"))
+            before = activation.said
+            if line:
+                activation.said = said
         if line is not None and said != before:
+            verdict = line.partition(":")[0]
             log(
-                logging.INFO if line.partition(":")[0] in state.EXIT else logging.WARNING,
-                f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()}) via {activation.source}: {line}",
+                logging.INFO if verdict in state.EXIT else logging.WARNING,
+                f"dspark_hotfix {dspark_hotfix.__version__} (pid {os.getpid()})"
+                f" via {activation.source}: {line}",
             )
     except BaseException:  # an interrupt: not said, so the next report says it
         if activation.said is said:
@@ -231,21 +227,22 @@ def _import_everywhere(activation: Activation) -> None:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
     one verdict. Its hook then decides and reports; a module this vLLM lacks is judged here."""
     waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
-    if _finder in sys.meta_path and all(
-        r.patch.everywhere for r in waiting
-    ):  # (the hooks in place)
-        for module in dict.fromkeys(
-            r.patch.module for r in waiting if r.patch.module not in sys.modules
-        ):
-            try:
-                importlib.import_module(module)
-            except (
-                ModuleNotFoundError
-            ) as exc:  # this vLLM has no such module: judged so (see Patch.absent)
-                for record in (r for r in waiting if r.patch.module == module == exc.name):
+    # Only with the hooks in place, and once the patches left waiting are all judged everywhere.
+    if _finder not in sys.meta_path or not all(r.patch.everywhere for r in waiting):
+        return
+    for module in dict.fromkeys(
+        r.patch.module for r in waiting if r.patch.module not in sys.modules
+    ):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            # This vLLM has no such module: the patch is judged so (see Patch.absent).
+            for record in waiting:
+                if record.patch.module == module == exc.name:
                     _decide(activation, record, None)
-            except Exception:  # then it stays pending, and says what it waits for
-                pass
+        except Exception:
+            # The patch stays pending, and its record says what it waits for.
+            pass
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
@@ -257,21 +254,23 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
             _set_state(activation, record, PATCHED, record.needed, record.detail, None, module)
             return
         needed, why = patch.probe(target[2])
-        word = PATCHED if needed else NOT_NEEDED if needed is False else UNDECIDED
+        if needed:
+            word = PATCHED
+        elif needed is False:
+            word = NOT_NEEDED
+        else:
+            word = UNDECIDED
     except Absent as exc:
-        needed, why, word = (
-            (False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED)
-            if patch.absent
-            else (None, str(exc), FAILED)
-        )
+        if patch.absent:
+            needed, why, word = False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED
+        else:
+            needed, why, word = None, str(exc), FAILED
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
     settled = _set_state(activation, record, word, needed, why, target, module)
-    if settled in (
-        FAILED,
-        UNDECIDED,
-    ):  # vLLM's function as shipped, where the shim cannot or may not tell
+    # Where the shim cannot tell, or may not, vLLM runs its function as shipped.
+    if settled in (FAILED, UNDECIDED):
         _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
 
 
@@ -288,20 +287,18 @@ def _set_state(
     retried on a new one), where the switches allow it; wrap vLLM's function if it is to be patched.
     """
     with state.lock:
-        if record.state != PENDING and module in (
-            None,
-            record.module,
-        ):  # decided, on this very module
+        # Decided already, on this very module.
+        if record.state != PENDING and module in (None, record.module):
             return None
         if not activation.enabled:
             word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
         elif record.patch.name not in activation.settings.selected:
             word, why = EXCLUDED, f"excluded by {config.PATCHES}; {why}"
         record.needed, record.detail = needed, why
-        if (
-            word == PATCHED and target is not None
-        ):  # the state last: an interrupt before it leaves the
-            owner, name, original = target  # wrapper, which the next decision settles
+        # The state is set last: an interrupt before it leaves the wrapper in place, and the next
+        # decision settles it.
+        if word == PATCHED and target is not None:
+            owner, name, original = target
             record.wrapper = _wrap(activation, record, original)
             setattr(owner, name, record.wrapper)
         record.state, record.module = word, module
@@ -326,7 +323,9 @@ def _fail(
         )
     if stop or activation.settings.strict:
         raise HotfixError(text) from cause
-    log(logging.WARNING, text + ("; vLLM runs unpatched" if unpatched else ""))
+    if unpatched:
+        text += "; vLLM runs unpatched"
+    log(logging.WARNING, text)
 
 
 def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -346,24 +345,23 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
     finder does."""
     if _active is None or fullname in sys.modules:
         return None
-    importer, spec = sys.modules["wrapt.importer"], None  # (wrapt's private names: see above)
-    hooked = any(module == fullname for module, _ in _active.hooks)
-    for finder in (
-        sys.meta_path[sys.meta_path.index(_finder) + 1 :]
-        if hooked and _finder in sys.meta_path
-        else ()
-    ):
-        if not isinstance(finder, importer.ImportHookFinder) and hasattr(finder, "find_spec"):
-            spec = finder.find_spec(
-                fullname, path, target
-            )  # (one that asks the meta path again guards itself,
-            if spec is not None:  # as wrapt's does: it would ask itself again too)
-                break
-    if spec is not None and spec.loader is not None:
+    if _finder not in sys.meta_path or all(module != fullname for module, _ in _active.hooks):
+        return None
+    importer = sys.modules["wrapt.importer"]  # wrapt's private names: see the note above
+    for finder in sys.meta_path[sys.meta_path.index(_finder) + 1 :]:
+        if isinstance(finder, importer.ImportHookFinder) or not hasattr(finder, "find_spec"):
+            continue
+        # A finder that asks the meta path again guards its own re-entry, as wrapt's does: it
+        # would ask itself again too.
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            break
+    else:
+        return None
+    if spec.loader is not None:
         _arm(_active, fullname)
-        spec.loader = importer._ImportHookChainedLoader(
-            spec.loader
-        )  # (only wrapt's finder, skipped, hands it)
+        # The loader only wrapt's finder hands out, and that finder is skipped.
+        spec.loader = importer._ImportHookChainedLoader(spec.loader)
     return spec
 
 
@@ -469,23 +467,17 @@ def status() -> dict[str, Any]:
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     source: str | None = getattr(watcher, "source", None)
     if activation is not None:
-        records, source = (
-            list(activation.records.values()),
-            activation.source if activation.enabled else None,
-        )
+        records = list(activation.records.values())
+        source = activation.source if activation.enabled else None
+    elif watcher is not None:
+        records = [Record(p, PENDING, "waiting for vLLM to be imported") for p in patches.ALL]
     else:
-        off = f"{config.ENABLE}={dspark_hotfix.shown(os.environ.get(config.ENABLE))} turns the shim off"
+        value = dspark_hotfix.shown(os.environ.get(config.ENABLE))
+        off = f"{config.ENABLE}={value} turns the shim off"
         why = "not installed in this process" if dspark_hotfix.enabled() else off
-        records = [
-            Record(p, PENDING, "waiting for vLLM to be imported")
-            if watcher
-            else Record(p, DISABLED, why)
-            for p in patches.ALL
-        ]
-    report, settings = (
-        state.judge(records),
-        activation.settings if activation else config.settings(),
-    )
+        records = [Record(p, DISABLED, why) for p in patches.ALL]
+    report = state.judge(records)
+    settings = activation.settings if activation else config.settings()
     return {
         "schema": state.SCHEMA,
         "version": dspark_hotfix.__version__,

@@ -39,17 +39,21 @@ STATES = (PATCHED, RAISED, NOT_NEEDED, UNDECIDED, PENDING, EXCLUDED, FAILED, DIS
 # The verdict: one word for the process, and what it means. Exit codes of status and doctor.
 VERDICTS = {
     "fixing": "this vLLM has a bug a patch corrects or repairs, and the shim does",
-    "guarding": "this vLLM has the fix; the shim corrects nothing and only stops early, naming the cause, a setting "
-    "this vLLM would crash on (the patched row): remove it only where no deployment uses that setting",
-    "removable": "this vLLM needs none of the patches: the shim does nothing here and can be removed",
-    "undecided": "a patch is not judged yet (its module is not imported, or its probe could not tell)",
+    "guarding": (
+        "this vLLM has the fix; the shim corrects nothing and only stops early, naming the cause,"
+        " a setting this vLLM would crash on (the patched row): remove it only where no deployment"
+        " uses that setting"
+    ),
+    "removable": (
+        "this vLLM needs none of the patches: the shim does nothing here and can be removed"
+    ),
+    "undecided": (
+        "a patch is not judged yet (its module is not imported, or its probe could not tell)"
+    ),
     "problem": "a patch this vLLM needs is not in place",
 }
-EXIT = {
-    "fixing": 0,
-    "guarding": 0,
-    "removable": 3,
-}  # any other verdict (any problem makes it "problem"): 1
+# Any other verdict exits 1 (any problem makes the verdict "problem").
+EXIT = {"fixing": 0, "guarding": 0, "removable": 3}
 EXIT_CODES = """\
 exit status of status and doctor:
   0  fixing or guarding: the fix is active where this vLLM needs it
@@ -107,17 +111,13 @@ def row(record: Record) -> dict[str, Any]:
     interrupt, an error) stands for nothing: the module's next import decides again."""
     state, detail = record.state, record.detail
     if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
-        state, detail = (
-            PENDING,
-            f"waiting for {record.patch.module} (its last import did not complete)",
-        )
+        state = PENDING
+        detail = f"waiting for {record.patch.module} (its last import did not complete)"
     elif state == PATCHED and not still_called(record):
-        state, detail = (
-            FAILED,
-            (
-                f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper "
-                "(its module reloaded?); restart the process"
-            ),
+        state = FAILED
+        detail = (
+            f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper"
+            " (its module reloaded?); restart the process"
         )
     elif state == PATCHED and record.raised:
         state, detail = RAISED, f"{detail}; {record.raised}"
@@ -180,20 +180,19 @@ def line(records: Iterable[Record]) -> str | None:
     judged = judge(records)
     if any(each["state"] == PENDING for each in judged["patches"]):
         return None
-    names = {
-        state: [each["name"] for each in judged["patches"] if each["state"] == state]
-        for state in STATES
-    }
-    counts = [
-        f"{len(n)} {state}" + (f" ({', '.join(n)})" if state != NOT_NEEDED else "")
-        for state, n in names.items()
-        if n
-    ]
+    counts = []
+    for state in STATES:
+        names = [each["name"] for each in judged["patches"] if each["state"] == state]
+        # Each state's patches are named, but for the patches this vLLM does not need.
+        if names and state == NOT_NEEDED:
+            counts.append(f"{len(names)} {state}")
+        elif names:
+            counts.append(f"{len(names)} {state} ({', '.join(names)})")
     return f"{judged['verdict']}: {', '.join(counts)}"
 
 
 # A handler of our own, in vLLM's format: vLLM's logging neither swallows nor doubles the lines.
-# (Each step again where an interrupt cut an earlier import of this module short.)
+# Each step is taken again where an interrupt cut an earlier import of this module short.
 _log = logging.getLogger("dspark_hotfix")
 _log.propagate = False
 _log.setLevel(logging.INFO)

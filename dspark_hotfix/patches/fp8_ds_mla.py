@@ -130,10 +130,8 @@ def probe_spec(get_kv_cache_spec: Callable[..., Any], layer: Any) -> Need:
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     if fixed is spec:
         return Need(False, f"not needed (vLLM already returns {width} bytes/token)")
-    return Need(
-        True,
-        f"needed (vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN})",
-    )
+    why = f"vLLM returns {width} bytes/token for {CACHE_DTYPE}; shim gives {BYTES_PER_TOKEN}"
+    return Need(True, f"needed ({why})")
 
 
 def stand_in_pair(interface: Any, mode: Any) -> dict[str, Any]:

@@ -52,15 +52,16 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
     there."""
     layers = [name for name, spec in kv_cache_spec.items() if deepseek_v4_fp8_ds_mla(spec)]
     if layers and getattr(vllm_config.scheduler_config, "disable_hybrid_kv_cache_manager", False):
-        many = f"{len(layers)} layer{'s' * (len(layers) > 1)}, e.g. {layers[0]}"
+        many = f"{len(layers)} layer{'s' if len(layers) > 1 else ''}, e.g. {layers[0]}"
         raise Finding(
-            f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({many}) need vLLM's hybrid KV cache manager, and it "
-            "is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged why: a "
-            "--kv-transfer-config connector without hybrid support). This vLLM then rebuilds their "
-            f"sliding-window caches without their layout (a 512-byte/token view where FlashMLA needs "
-            f"{BYTES_PER_TOKEN}) and its compressor states at a block size their kernels refuse. What "
-            "helps: leave the hybrid manager on; for prefill/decode disaggregation, a KV connector that "
-            "supports it (SupportsHMA); no vLLM release up to 0.33.0 runs DeepSeek-V4 with it off"
+            f"DeepSeek-V4's {CACHE_DTYPE} KV caches ({many}) need vLLM's hybrid KV cache manager,"
+            " and it is off (--disable-hybrid-kv-cache-manager, or vLLM turned it off and logged"
+            " why: a --kv-transfer-config connector without hybrid support). This vLLM then"
+            " rebuilds their sliding-window caches without their layout (a 512-byte/token view"
+            f" where FlashMLA needs {BYTES_PER_TOKEN}) and its compressor states at a block size"
+            " their kernels refuse. What helps: leave the hybrid manager on; for prefill/decode"
+            " disaggregation, a KV connector that supports it (SupportsHMA); no vLLM release up to"
+            " 0.33.0 runs DeepSeek-V4 with it off"
         )
 
 
@@ -104,6 +105,9 @@ PATCH = Patch(
     arguments=check,
     stops=True,
     probe=probe,
-    absent="its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the layout",
+    absent=(
+        "its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the"
+        " layout"
+    ),
     everywhere=True,
 )

@@ -43,8 +43,9 @@ def package():
         return dspark_hotfix
     except Exception as exc:
         say(
-            f"dspark_hotfix: not active: {sys.executable} cannot import the package ({type(exc).__name__}: {exc}); "
-            f"install it into this interpreter from a checkout or a wheel: {sys.executable} -m pip install PATH"
+            f"dspark_hotfix: not active: {sys.executable} cannot import the package"
+            f" ({type(exc).__name__}: {exc}); install it into this interpreter from a checkout or a"
+            f" wheel: {sys.executable} -m pip install PATH"
         )
         return None
     finally:
@@ -66,7 +67,8 @@ def start():
     value is the package's to read: its :func:`~dspark_hotfix.switch` is the one reading, and
     says a value it does not understand. So the package loads at start only there."""
     word = (os.environ.get("DSPARK_HOTFIX") or "").strip()
-    if word not in ("", "1", "0"):  # the package reads it, as 1 or 0
+    if word not in ("", "1", "0"):
+        # The package reads any other value, as on or off.
         shim = package()
         word = "1" if shim is not None and shim.enabled() else "0"
     if word == "0":
@@ -74,9 +76,8 @@ def start():
     if "vllm" in sys.modules:
         activate("sitecustomize")
     elif not any(type(finder).__name__ == "VllmImportWatcher" for finder in sys.meta_path):
-        sys.meta_path.insert(
-            0, VllmImportWatcher("sitecustomize")
-        )  # unless a copy of ours put one there
+        # A watcher of ours already there came with another copy of this file.
+        sys.meta_path.insert(0, VllmImportWatcher("sitecustomize"))
 
 
 class VllmImportWatcher:
@@ -120,15 +121,16 @@ class VllmImportWatcher:
         ):
             return None
         for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
-            spec = (
-                finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-            )
+            spec = None
+            if hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 break
         else:
             return None
         if hasattr(spec.loader, "exec_module"):
-            spec.loader = ActivatingLoader(spec.loader, self)  # type: ignore[assignment]  # no abc base, see above
+            # No importlib.abc base class, by design (see the module's docstring).
+            spec.loader = ActivatingLoader(spec.loader, self)  # type: ignore[assignment]
         return spec
 
 
@@ -166,9 +168,8 @@ class ActivatingLoader:
         activate(self.watcher.source)
         self.watcher.done = True  # not after an interrupt: the retried import activates
         self.loader.exec_module(module)
-        if (
-            "wrapt.importer" in sys.modules
-        ):  # the hooks registered while it was found (wrapt's loader would run them)
+        # The hooks registered while the module was found, which wrapt's loader would have run.
+        if "wrapt.importer" in sys.modules:
             sys.modules["wrapt.importer"].notify_module_loaded(module)
 
     def __getattr__(self, name):  # create_module and whatever else is asked of the real loader
@@ -194,23 +195,21 @@ def chain(sitecustomize_file):
     goes on, and ``chained`` records what happened.
     """
     global chained
-    from _frozen_importlib_external import (
-        PathFinder,
-    )  # importlib.machinery's, without importing it (1 ms)
+    # importlib.machinery's PathFinder, without importing importlib.machinery (1 ms).
+    from _frozen_importlib_external import PathFinder
 
     taken = []  # the entries whose sitecustomize is our file, and their places
     for i, entry in enumerate(sys.path):
         spec = PathFinder.find_spec("sitecustomize", [entry])
-        origin = getattr(
-            spec, "origin", None
-        )  # None: none, or a directory of that name, which a module beats
+        # No origin: no sitecustomize there, or a directory of that name, which a module beats.
+        origin = getattr(spec, "origin", None)
         if origin is None:
             continue
-        # ours: the same path (in a zip archive too, where it is no file), or the same file by
-        # another
+        # Ours is the same path (in a zip archive too, where it is no file), or the same file by
+        # another path.
         try:
             same = origin == sitecustomize_file or os.path.samefile(origin, sitecustomize_file)
-        except OSError:  # (either is no file)
+        except OSError:  # either is no file
             same = False
         if not same:
             break
@@ -221,7 +220,7 @@ def chain(sitecustomize_file):
     for i, _ in reversed(taken):
         del sys.path[i]
     try:
-        import sitecustomize  # (the shadowed one)
+        import sitecustomize  # the one ours shadowed
 
         # Another copy of ours, further down sys.path, chained the one that ran.
         chained = (
@@ -242,7 +241,8 @@ def chain(sitecustomize_file):
 if __name__ == "sitecustomize":  # not where a tool loads this file under another name
     try:
         start()
-    except Exception as exc:  # (site would print it and go on: said as the shim says everything)
+    except Exception as exc:
+        # site would print it and go on; it is said as the shim says everything.
         say(f"dspark_hotfix: not active: {type(exc).__name__}: {exc}")
     finally:
         chain(__file__)

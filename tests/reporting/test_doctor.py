@@ -9,12 +9,10 @@ rest in this process, as if ours had started it (``as_if_started``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 from functools import partial
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
@@ -314,17 +312,3 @@ def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, t
         f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim"
         " where no deployment uses that"
     ]
-
-
-def test_the_command_line_and_doctor_stay_within_250_code_lines():
-    # Counted as scripts/loc counts: lines on which a token of code starts.
-    loader = SourceFileLoader("loc", str(REPO / "scripts" / "loc"))  # a script without .py
-    loc = importlib.util.module_from_spec(importlib.util.spec_from_loader("loc", loader))  # type: ignore[arg-type]
-    loader.exec_module(loc)
-    assert (
-        sum(
-            loc.code_lines((REPO / "dspark_hotfix" / name).read_text())
-            for name in ("cli.py", "doctor.py")
-        )
-        <= 250
-    )
