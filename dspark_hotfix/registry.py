@@ -121,12 +121,11 @@ def activate(source: str) -> None:
         activation = _active = _active or Activation(source)
     with activation.registering:
         _register(activation)
-    # A load under way in another thread (it holds the module's lock, in CPython's private table)
-    # ends first, outside the lock: that thread may wait for this activation, in the start-up hook's
-    # loader. A module still running in this thread is armed (see _register). Its import's own error
-    # is vLLM's to meet.
-    locks = sys.modules["importlib._bootstrap"]._module_locks
-    for module in (m for m, _ in activation.hooks if m in locks and m not in _stuck):
+    # A load under way in another thread ends first, outside the lock: that thread may wait for
+    # this activation, in the start-up hook's loader. A load under way in this thread is further up
+    # its stack: importing it here would run it ahead of vLLM's package, which the import system
+    # runs first. Its hooks are armed (see _register). Its import's own error is vLLM's to meet.
+    for module in (m for m, _ in activation.hooks if _loading_elsewhere(m)):
         with contextlib.suppress(Exception):
             importlib.import_module(module)
     # A module loaded before is judged here, whole. wrapt's at-once firing would judge half of a
@@ -138,6 +137,16 @@ def activate(source: str) -> None:
                 _decide(activation, record, sys.modules[module])
     _import_everywhere(activation)
     _report(activation)
+
+
+def _loading_elsewhere(module: str) -> bool:
+    """Whether another thread holds ``module``'s import lock, in CPython's private table of them: a
+    load under way there. A lock held at a fork has no owner in the child (``_stuck``)."""
+    ref = sys.modules["importlib._bootstrap"]._module_locks.get(module)
+    lock = ref() if ref is not None else None
+    if lock is None or module in _stuck:
+        return False
+    return getattr(lock, "owner", None) != threading.get_ident()
 
 
 def _register(activation: Activation) -> None:
@@ -240,6 +249,9 @@ def _import_everywhere(activation: Activation) -> None:
             for record in waiting:
                 if record.patch.module == module == exc.name:
                     _decide(activation, record, None)
+        except HotfixError:
+            # In strict mode a patch there that cannot be applied stops vLLM, as anywhere else.
+            raise
         except Exception:
             # The patch stays pending, and its record says what it waits for.
             pass
@@ -393,13 +405,42 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
         )
     if not inspect.isfunction(function):  # a staticmethod or another tool's proxy binds differently
         raise Unavailable(f"{patch.qualname} is a {type(function).__name__}, not a plain function")
-    parameters = tuple(inspect.signature(function).parameters)
-    if parameters != patch.parameters:
+    parameters = inspect.signature(function).parameters
+    if tuple(parameters) != patch.parameters:
         raise Unavailable(
             f"unexpected signature {patch.qualname}({', '.join(parameters)}); "
             f"expected ({', '.join(patch.parameters)})"
         )
+    if patch.arguments is not Patch.arguments:
+        _check_step(patch, function)
     return owner, name, function
+
+
+def _check_step(patch: Patch, function: Callable[..., Any]) -> None:
+    """The arguments step is called as vLLM's function is, so it must take every call that takes:
+    each parameter by position and by keyword where vLLM's takes it so, and without the ones that
+    have defaults. Checked on a call of each form, with the parameters' names as values."""
+    vllm, step = inspect.signature(function), inspect.signature(patch.arguments)
+    kind = inspect.Parameter
+    for by_keyword, required_only in ((False, False), (True, False), (False, True)):
+        args, kwargs = [], {}
+        for p in vllm.parameters.values():
+            if required_only and p.default is not kind.empty:
+                continue
+            if p.kind == kind.VAR_POSITIONAL:
+                args.append(p.name)
+            elif p.kind == kind.VAR_KEYWORD or p.kind == kind.KEYWORD_ONLY:
+                kwargs[p.name] = p.name
+            elif p.kind == kind.POSITIONAL_OR_KEYWORD and by_keyword:
+                kwargs[p.name] = p.name
+            else:
+                args.append(p.name)
+        try:
+            step.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise Unavailable(
+                f"{patch.qualname}{vllm} takes calls its arguments step{step} does not ({exc})"
+            ) from None
 
 
 def _wrap(

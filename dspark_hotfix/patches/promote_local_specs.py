@@ -46,7 +46,7 @@ from dspark_hotfix.patches.fp8_ds_mla import (
 FIELD = "bounded_replay"
 
 
-def arguments(spec: Any, target_cls: Any, /, *, drop: Any = (), **changes: Any) -> Any:
+def arguments(spec: Any, target_cls: Any, *, drop: Any = (), **changes: Any) -> Any:
     """The arguments of vLLM's ``replace_as`` in its KV-cache planning, repaired: a spec rebuilt as
     a class without ``bounded_replay`` drops it too. None (the call as it is) wherever it has
     nothing to drop."""

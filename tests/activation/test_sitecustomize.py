@@ -36,6 +36,7 @@ from tests.conftest import (
     STANDIN,
     child,
     copy_of_shim,
+    edited_standin,
     json_lines,
     last_json,
     program,
@@ -44,6 +45,7 @@ from tests.conftest import (
     warning_lines,
 )
 from tests.toys import GREETING, NAMES
+from tests.toys import TOYS as TOY_PATCHES
 
 TOYS = (
     use_toys,
@@ -107,6 +109,22 @@ def ours(file: str | None) -> bool:
     )
 
 
+def sitecustomize_runs(verbose_stderr: str) -> list[str]:
+    """The real path of each sitecustomize ``python -v`` says it executed, in order: ours, and a
+    distribution's own (Debian's, Ubuntu's) that ours chains. ``-v`` names the file a module's code
+    comes from, its source or its cached bytecode."""
+    runs = []
+    for line in verbose_stderr.splitlines():
+        if not line.startswith("# code object from "):
+            continue
+        path = line.removeprefix("# code object from ").strip("'")
+        if os.path.basename(path).startswith("sitecustomize."):
+            if os.path.basename(os.path.dirname(path)) == "__pycache__":
+                path = os.path.join(os.path.dirname(os.path.dirname(path)), "sitecustomize.py")
+            runs.append(os.path.realpath(path))
+    return runs
+
+
 def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(STARTUP, target_is_directory=True)
@@ -125,16 +143,9 @@ def test_the_start_up_directory_through_a_link_and_its_real_path_boots_ours_once
     assert launched_path.split(os.pathsep) == [str(STARTUP), str(link), str(STANDIN)]
     # `python -v` says each module it executes: our sitecustomize once, no second copy chained
     # through the link.
-    assert (
-        len(
-            [
-                line
-                for line in proc.stderr.splitlines()
-                if line.startswith("import 'sitecustomize' ")
-            ]
-        )
-        == 1
-    )
+    runs = sitecustomize_runs(proc.stderr)
+    assert [ours(file) for file in runs].count(True) == 1, runs
+    assert len(runs) == len(set(runs)), runs
     assert watching == 1
     assert {name: row["state"] for name, row in rows.items()} == JUDGED
     assert len(summary_lines(proc.stderr)) == 1
@@ -151,16 +162,9 @@ def test_the_checkout_root_and_the_start_up_directory_both_on_pythonpath_boot_ou
     )
     report = json.loads(proc.stdout)
     assert not ours((report["sitecustomize"]["chained"] or {}).get("file")), report["sitecustomize"]
-    assert (
-        len(
-            [
-                line
-                for line in proc.stderr.splitlines()
-                if line.startswith("import 'sitecustomize' ")
-            ]
-        )
-        == 1
-    )
+    runs = sitecustomize_runs(proc.stderr)
+    assert [ours(file) for file in runs].count(True) == 1, runs
+    assert len(runs) == len(set(runs)), runs
 
 
 def path_last(entry: str) -> None:
@@ -265,3 +269,37 @@ def import_vllm() -> None:
     import vllm  # noqa: F401
 
     print("vllm imported")
+
+
+def import_first(module: str) -> dict[str, bool]:
+    """``module`` imported as the process's first of vLLM's, and whether vLLM's package had run
+    when the module began."""
+    import importlib
+    import sys
+
+    importlib.import_module(module)
+    return {"package_first": sys.modules[module].PACKAGE_RAN_FIRST}
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+@pytest.mark.parametrize("target", sorted({toy.module for toy in TOY_PATCHES}))
+def test_a_target_imported_first_runs_after_vllms_package_as_without_the_shim(
+    tmp_path, target, switch
+):
+    # vLLM's package sets the process up before any of its modules runs (vllm.env_override): an
+    # import of a target module as a process's first of vLLM's must not run it ahead of the
+    # package, which the import system imports first.
+    ran = "PACKAGE_RAN = True\n"
+    first = "import vllm\nPACKAGE_RAN_FIRST = getattr(vllm, 'PACKAGE_RAN', False)\n"
+    target_file = target.replace(".", "/") + ".py"
+    standin = edited_standin(tmp_path / "standin", {})
+    (standin / "vllm" / "__init__.py").write_text(
+        (standin / "vllm" / "__init__.py").read_text() + ran
+    )
+    (standin / target_file).write_text(first + (standin / target_file).read_text())
+    proc = run_python(
+        program(partial(use_toys, str(REPO)), partial(import_first, target)),
+        path=(STARTUP, standin),
+        env={"DSPARK_HOTFIX": switch},
+    )
+    assert json_lines(proc.stdout)[-1] == {"package_first": True}, proc.stderr

@@ -59,9 +59,9 @@ def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
     assert found["version"].startswith("2.") and found == expected(found["version"])
 
 
-def test_cpythons_table_of_module_locks_names_a_module_while_and_only_while_it_is_being_loaded():
-    # activate() waits (by importing it) for a module whose lock is in the table; a forked child
-    # skips the modules whose lock was in it at the fork.
+def test_cpythons_table_of_module_locks_names_a_module_and_its_loader_while_it_is_being_loaded():
+    # activate() waits (by importing it) for a module whose lock another thread holds in the
+    # table; a forked child skips the modules whose lock was in it at the fork.
     import gc
     import sys
     import threading
@@ -79,6 +79,7 @@ def test_cpythons_table_of_module_locks_names_a_module_while_and_only_while_it_i
     thread.start()
     held.wait(5)
     assert name in bootstrap._module_locks
+    assert bootstrap._module_locks[name]().owner == thread.ident != threading.get_ident()
     release.set()
     thread.join(5)
     gc.collect()

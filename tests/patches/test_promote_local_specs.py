@@ -8,6 +8,7 @@ import importlib
 import sys
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -153,11 +154,28 @@ def test_where_the_planning_module_is_absent_the_repair_is_not_needed_and_says_w
     assert ": fixing: " in line and "1 not_needed" in line
 
 
+@pytest.mark.parametrize("by_keyword", [(), ("target_cls",), ("spec", "target_cls")])
+def test_the_repair_takes_every_form_of_call_vllm_takes(standin_shim, by_keyword):
+    # vLLM's replace_as takes spec and target_cls by position or by keyword: so does the step.
+    shim = standin_shim()
+    dspark_hotfix.install()
+    import_targets()
+    interface = sys.modules["vllm.v1.kv_cache_interface"]
+    swa = stand_in_pair(interface, quant_mode())["swa"]
+    given_args = {"spec": swa, "target_cls": interface.MLAAttentionSpec}
+    positional = [value for name, value in given_args.items() if name not in by_keyword]
+    keywords = {name: given_args[name] for name in by_keyword}
+    planning = sys.modules[PATCH.module]
+    promoted = planning.replace_as(*positional, drop=("extra_retained_tokens",), **keywords)
+    assert type(promoted).__name__ == "MLAAttentionSpec"
+    assert runner_bytes_per_token(promoted) == BYTES_PER_TOKEN
+    row = shim.status()[PATCH.name]
+    assert (row["state"], row["corrections"]) == ("patched", 1), row
+
+
 # --- On real vLLM (tests/real_vllm) --- vLLM's own hybrid-off grouping of DeepSeek-V4's specs
 # (tests/real_vllm/inside/hybrid_off.py): 0.33.0 and, beside the releases every patch declares,
 # 0.34.0, the release with the fix.
-
-import pytest  # noqa: E402
 
 from tests.real_vllm import runs  # noqa: E402
 

@@ -161,7 +161,7 @@ def test_vllms_own_error_passes_through_and_no_correction_runs(toys, monkeypatch
     assert calls == ["bad"] and seen == [] and toys.lines("WARNING") == []
 
 
-def broken(*args: Any) -> None:
+def broken(*args: Any, **kwargs: Any) -> None:
     raise ValueError("no layout")
 
 
@@ -183,7 +183,7 @@ def test_an_arguments_step_that_raises_gives_vllms_answer_and_says_so_once(toys,
     )
 
 
-def finds(*args: Any) -> None:
+def finds(*args: Any, **kwargs: Any) -> None:
     raise Finding("views too narrow")
 
 
@@ -281,3 +281,19 @@ def test_dspark_hotfix_status_names_a_target_module_it_cannot_import(
     assert cli.main(["status"]) == 1
     out = capsys.readouterr().out
     assert f"PROBLEM       cannot import {PLANNER.module}: ImportError: broken" in out, out
+
+
+def test_an_arguments_step_that_cannot_take_a_call_vllm_takes_is_refused_before_wrapping(
+    toys, monkeypatch
+):
+    # vLLM's plan(config, items) takes both by position or by keyword; a step that takes them by
+    # position alone would raise on a keyword call, after the wrapper is in place.
+    def positional_only(config, items, /):
+        return None
+
+    calls, module = planner(monkeypatch, arguments=positional_only)
+    row = toys.status()[PLANNER.name]
+    assert row["state"] == "failed", row
+    assert "takes calls its arguments step(config, items, /) does not" in row["detail"], row
+    assert module.plan(SimpleNamespace(compact=False), items=[1, 2]) == [1, 2]
+    assert calls == [[1, 2]]  # vLLM's own function, unwrapped

@@ -247,16 +247,22 @@ def hybrid_off(build: str, arm: str) -> dict[str, Any]:
 
 
 def in_venv(
-    version: str, code: str, *, shim: bool = True, timeout: int = 900
+    version: str,
+    code: str,
+    *,
+    shim: bool = True,
+    timeout: int = 900,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code`` (a :func:`tests.conftest.program`) in the venv of ``vllm==version``,
-    inside/ on ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all).
+    inside/ on ``sys.path``, with the shim activated through ``PYTHONPATH`` (or not there at all),
+    and ``env`` beside it.
     """
     python, _ = ensure_venv(version)
     path = [str(INSIDE), *([str(REPO)] if shim else [])]
     return subprocess.run(
         [str(python), "-c", code],
-        env=clean_env(PYTHONPATH=os.pathsep.join(path)),
+        env=clean_env(PYTHONPATH=os.pathsep.join(path), **(env or {})),
         cwd=str(REPO),
         capture_output=True,
         text=True,

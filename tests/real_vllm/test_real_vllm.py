@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from functools import partial
 from typing import Any
 
 import pytest
 
+from dspark_hotfix.patches import ALL
 from scripts.venvs import VERSIONS, ensure_venv
 from tests.child import wrapt_version
 from tests.conftest import REPO, clean_env, json_lines, program
@@ -118,3 +120,37 @@ def test_a_hooked_modules_spec_copies_and_pickles_and_the_module_is_judged(versi
         proc.stderr[-3000:]
     )
     assert states == runs.expected(version)
+
+
+def import_first(module: str) -> dict[str, Any]:
+    """``module`` imported as the process's first of vLLM's, then what ``vllm.env_override`` sets
+    up in vLLM's package before any of its modules runs."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return {"module": None}
+    import torch._inductor.config
+
+    return {"module": module, "compile_threads": torch._inductor.config.compile_threads}
+
+
+def test_a_target_imported_first_leaves_vllms_set_up_as_with_the_shim_off():
+    # A process whose first import of vLLM is a target module: the import system runs vLLM's
+    # package first, and the shim must not run the target ahead of it. On the newest release,
+    # which has every target module (two fresh vLLM imports per module).
+    version = VERSIONS[-1]
+    found = {}
+    for module in sorted({patch.module for patch in ALL}):
+        arms = {}
+        for switch in ("1", "0"):
+            code = program(partial(import_first, module))
+            proc = runs.in_venv(version, code, env={"DSPARK_HOTFIX": switch})
+            assert proc.returncode == 0, (module, switch, proc.stderr[-3000:])
+            arms[switch] = json_lines(proc.stdout)[-1]
+        found[module] = arms
+        assert arms["1"] == arms["0"], (module, arms)
+    assert any(arms["1"]["module"] for arms in found.values()), found

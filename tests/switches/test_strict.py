@@ -215,3 +215,18 @@ def test_strict_mode_without_wrapt_stops_every_import_naming_wrapt_and_the_remed
         f"no remedy named: {message}"
     )
     assert {row["state"] for row in rows.values()} == {"failed"}
+
+
+def test_strict_mode_stops_where_a_patch_the_shim_imports_everywhere_cannot_be_applied(
+    toys, monkeypatch, tmp_path
+):
+    # Once every other patch is judged, the shim imports an everywhere patch's module itself; a
+    # patch there that cannot be applied stops vLLM in strict mode as anywhere else.
+    build(tmp_path, monkeypatch, {module_file(PLANNER): [("def plan(", "def arrange(")]})
+    strict(monkeypatch)
+    dspark_hotfix.install("sitecustomize")
+    with pytest.raises(HotfixError) as stopped:
+        importlib.import_module(GREETING.module)
+    message = str(stopped.value)
+    assert message.startswith(f"{PLANNER.name}: cannot patch {PLANNER.target}: "), message
+    assert "vllm.toy_planner defines no plan" in message, message
