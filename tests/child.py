@@ -162,6 +162,17 @@ def environ(name: str) -> str | None:
     return os.environ.get(name)
 
 
+def sitecustomize_file() -> str | None:
+    """The file of the sitecustomize that ran at start: the one ours chained, where ours ran (a
+    distribution's own, Debian's or Ubuntu's, comes before an image's in site-packages)."""
+    import sys
+
+    module = sys.modules.get("sitecustomize")
+    if hasattr(module, "VllmImportWatcher"):
+        return (module.chained or {}).get("file")  # type: ignore[union-attr]
+    return getattr(module, "__file__", None)
+
+
 def run_cli(*argv: str) -> None:
     """``dspark-hotfix *argv`` in this process: its exit status is the child's."""
     from dspark_hotfix import cli

@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -210,8 +211,10 @@ def start_on_the_standin(
     """The step run by sh as the init container runs it, doctor included, on the stand-in of the
     reported build (doctor exits 1 there with the shim off), once with DSPARK_HOTFIX set to each of
     ``values``."""
-    (tmp / "python3").unlink(missing_ok=True)
-    (tmp / "python3").symlink_to(sys.executable)  # the image's python3: this one, with wrapt
+    # The image's python3: this one, with wrapt. A script, not a link: a link to a venv's
+    # interpreter starts it outside the venv.
+    (tmp / "python3").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (tmp / "python3").chmod(0o755)
     path = os.pathsep.join((sitecustomize_dir(), str(REPO), str(STANDIN)))
 
     def run(value: str) -> subprocess.CompletedProcess[str]:

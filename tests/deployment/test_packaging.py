@@ -22,7 +22,13 @@ import pytest
 from dspark_hotfix import __version__
 from tests import status_shape
 from tests.cache import offline
-from tests.child import environ, import_modules, print_status, wrapt_version
+from tests.child import (
+    environ,
+    import_modules,
+    print_status,
+    sitecustomize_file,
+    wrapt_version,
+)
 from tests.conftest import (
     IMAGE_CUSTOMISATION,
     REPO,
@@ -55,18 +61,27 @@ def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
     assert (venv["purelib"] / "sitecustomize.py").read_text() == IMAGE_CUSTOMISATION
 
 
-def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_image_one(venv):
+def test_sitecustomize_path_from_the_wheel_patches_and_chains_the_one_it_shadows(venv):
+    # Without ours, the interpreter runs the first sitecustomize on its path: the image's in
+    # site-packages, or a distribution's own ahead of it (Debian's, Ubuntu's). Ours chains that one.
+    shadowed = program(partial(environ, "IMAGE_SITECUSTOMIZE"), sitecustomize_file)
+    alone = run_in_venv(venv, shadowed, path=(STANDIN,))
+    assert alone.returncode == 0, alone.stderr
+    image_alone, file_alone = json_lines(alone.stdout)
+    assert file_alone is not None
     code = program(
         partial(import_modules, status_shape.target_modules()),
         print_status,
         partial(environ, "IMAGE_SITECUSTOMIZE"),
+        sitecustomize_file,
     )
     proc = run_in_venv(venv, code, path=(startup_dir(venv), STANDIN))
     assert proc.returncode == 0, proc.stderr
-    rows, image = json_lines(proc.stdout)
+    rows, image, chained = json_lines(proc.stdout)
     assert {r["state"] for r in rows.values()} == {"patched"}
     assert {r["activated_by"] for r in rows.values()} == {"sitecustomize"}
-    assert image == "ran"
+    assert (chained, image) == (file_alone, image_alone)
+    assert image == ("ran" if file_alone.startswith(str(venv["purelib"])) else None)
 
 
 def clone(root: Path, umask: int, mtime: int) -> Path:
@@ -268,14 +283,15 @@ def dist_module():
 
 def test_make_dist_runs_on_a_python_whose_extractall_has_no_filter(tmp_path, monkeypatch):
     # Python before 3.10.12 and 3.11.4 (Debian 12 ships 3.11.2): no tarfile.data_filter, no filter
-    # argument.
-    plain = tarfile.TarFile.extractall
+    # argument. A newer Python is made to look like one; an older one is one.
+    if hasattr(tarfile, "data_filter"):
+        plain = tarfile.TarFile.extractall
 
-    def extractall(self, path=".", members=None, *, numeric_owner=False):
-        return plain(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
+        def extractall(self, path=".", members=None, *, numeric_owner=False):
+            return plain(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
 
-    monkeypatch.delattr(tarfile, "data_filter")
-    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+        monkeypatch.delattr(tarfile, "data_filter")
+        monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
     assert dist_module().main([str(tmp_path)]) == 0
     with zipfile.ZipFile(next(tmp_path.glob("dspark_hotfix-*.whl"))) as wheel:
         assert "dspark_hotfix/startup/sitecustomize.py" in wheel.namelist()
