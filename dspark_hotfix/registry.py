@@ -91,8 +91,8 @@ _stuck: set[str] = set()
 
 def _after_fork_in_child() -> None:
     """Fresh locks, wrapt's too: its import finder takes that lock on every import, so one held at
-    the fork would hang every import in the child. The child keeps what its parent had done (a
-    registration another thread had under way included); it completes the rest itself, but never
+    the fork would hang every import in the child. The child keeps what its parent had done, and
+    completes the rest itself, a registration another thread had under way included. It never
     waits for a module that was part-way imported at the fork: its importer is not in the child."""
     state.lock = threading.Lock()
     importer = sys.modules.get("wrapt.importer")
@@ -111,11 +111,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def activate(source: str) -> None:
-    """Put the shim's finder in place, then judge every patch whose module is loaded already. The
-    first caller makes the activation; a second caller waits for a registration under way, then
-    completes whatever an interrupt left (``install`` does so before an interrupt goes on): nothing
-    is ever undone. With ``DSPARK_HOTFIX`` off (only ``doctor`` and ``status`` activate then) every
-    patch is judged, none applied."""
+    """Put the shim's finder in place, then judge every patch whose module is loaded already.
+
+    The first caller makes the activation. A second caller waits for a registration under way, then
+    completes whatever an interrupt left; ``install`` does so before an interrupt goes on. Nothing
+    is ever undone. With ``DSPARK_HOTFIX`` off, only ``doctor`` and ``status`` activate, and every
+    patch is judged but none applied."""
     global _active
     with state.lock:
         activation = _active = _active or Activation(source)
@@ -202,11 +203,13 @@ def _on_import(activation: Activation, record: Record, module: Any) -> None:
 
 
 def _report(activation: Activation) -> None:
-    """After a decision: the log line, where it changed, and the gauges. A verdict that exits 1
-    (``problem``, ``undecided``) is a WARNING: log pipelines alert on the level. vLLM prefixes a
-    process's lines (``(EngineCore pid=N)``) by replacing ``write`` on its stderr, in an engine core
-    after the targets are imported; where that changed since the line, the next report (the
-    plugin's, there) says it again under it."""
+    """After a decision: the log line, where it changed, and the gauges.
+
+    A verdict that exits 1, ``problem`` or ``undecided``, is a WARNING: log pipelines alert on the
+    level. vLLM prefixes a process's lines with ``(EngineCore pid=N)`` by replacing ``write`` on
+    its stderr, in an engine core after the targets are imported. Where that changed since the
+    line was said, the next report says it again under the prefix; in an engine core that is the
+    plugin's."""
     said = before = activation.said
     try:
         with state.lock:
@@ -295,9 +298,9 @@ def _set_state(
     target: tuple[Any, str, Any] | None = None,
     module: Any = None,
 ) -> str | None:
-    """Record the one decision on ``record``, exactly once per module (an import cut short is
-    retried on a new one), where the switches allow it; wrap vLLM's function if it is to be patched.
-    """
+    """Record the one decision on ``record``, where the switches allow it, and wrap vLLM's
+    function if it is to be patched. A decision is made once per module: an import cut short is
+    retried on a new module, and decided again there."""
     with state.lock:
         # Decided already, on this very module.
         if record.state != PENDING and module in (None, record.module):
@@ -344,14 +347,16 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
     """The shim's finder, ahead of wrapt's on ``sys.meta_path`` from before the first hook: it does
     wrapt's finder's work for the modules the shim hooks, so that wrapt's is never asked for them.
 
-    For each new load of such a module, it asks the finders after it (but wrapt's) for the spec,
-    with the ``path`` the import system gives, puts the module's hooks back in wrapt's table where
-    wrapt dropped them (it does as it runs them: an import cut short after that would be retried
-    unhooked), and hands the spec wrapt's chained loader, which runs them once the module has run.
-    So a hook is armed whatever ended the module's last import: in strict mode, the hook whose
-    HotfixError failed an import fails every retry of it the same way. wrapt's finder imports the
-    module's parent package with the import lock held: a thread importing a target while another
-    still executes ``vllm`` would wait for it while it waited for the lock.
+    For each new load of such a module, it asks the finders after it, all but wrapt's, for the
+    spec, with the ``path`` the import system gives. It puts the module's hooks back in wrapt's
+    table, and hands the spec wrapt's chained loader, which runs them once the module has run.
+    wrapt drops a module's hooks as it runs them, so an import cut short after that would be
+    retried unhooked. So a hook is armed whatever ended the module's last import: in strict mode,
+    the hook whose HotfixError failed an import fails every retry of it the same way.
+
+    wrapt's own finder is never asked because it imports the module's parent package with the
+    import lock held: a thread importing a target while another still executes ``vllm`` would wait
+    for it while it waited for the lock.
 
     Called with the import lock held, it imports nothing; it takes only wrapt's lock, as wrapt's
     finder does."""
@@ -378,9 +383,9 @@ def _find(fullname: str, path: Any = None, target: Any = None) -> Any:
 
 
 def _arm(activation: Activation, fullname: str) -> None:
-    """Put the module's hooks in wrapt's table, where its loader runs them (and drops them) once the
-    module has run; a hook that is there already is not put there twice. Only wrapt's lock is taken.
-    """
+    """Put the module's hooks in wrapt's table, where its loader runs them, then drops them, once
+    the module has run. A hook that is there already is not put there twice. Only wrapt's lock is
+    taken."""
     importer = sys.modules["wrapt.importer"]
     with importer._post_import_hooks_lock:
         armed = importer._post_import_hooks.setdefault(fullname, [])
@@ -503,7 +508,7 @@ def _run(
 
 def status() -> dict[str, Any]:
     """What the shim did in this process, as every reporter reads it; changes nothing. With the shim
-    off nothing activated it (``status`` and ``doctor`` judge the patches all the same)."""
+    off nothing activated it, and ``status`` and ``doctor`` judge the patches all the same."""
     activation = _active
     watcher = next((f for f in sys.meta_path if type(f).__name__ == "VllmImportWatcher"), None)
     source: str | None = getattr(watcher, "source", None)

@@ -19,10 +19,10 @@ from dspark_hotfix import config
 
 SCHEMA = 2  # of status() and the commands' JSON
 
-# Guards every state change (the registry's) and every publish of the states (the gauges': a slower
-# one must not write older states over newer). Never held while wrapt, vLLM's code or an import
-# runs: hooks run under their module's import lock, and a thread holding this lock while waiting
-# for that module would hang both. The registry renews it in a forked child.
+# Guards every state change, which the registry makes, and every publish of the states to the
+# gauges, where a slower publish must not write older states over newer. Never held while wrapt,
+# vLLM's code or an import runs: hooks run under their module's import lock, and a thread holding
+# this lock while waiting for that module would hang both. The registry renews it in a forked child.
 lock = threading.Lock()
 
 # A patch's state in this process.
@@ -77,8 +77,8 @@ class Record:
 
 
 def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
-    """The owner, name and value of the attribute ``qualname`` names in ``module`` (None: no such
-    one)."""
+    """The owner, name and value of the attribute ``qualname`` names in ``module``. The owner is
+    None where the module has no such class, the value where there is no such attribute."""
     owner_name, dot, name = qualname.rpartition(".")
     owner = getattr(module, owner_name, None) if dot else module
     return (
