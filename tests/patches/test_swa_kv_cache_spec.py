@@ -44,9 +44,10 @@ FAULTS = {
         "unexpected signature",
     ),
     "get_kv_quant_mode missing": Fault(BUILDS["get_kv_quant_mode missing"], "get_kv_quant_mode"),
+    # dataclasses.replace raises ValueError here up to Python 3.12, TypeError from 3.13 on.
     "spec class with an unknown required field": Fault(
         BUILDS["spec class with an unknown required field"],
-        "probe inconclusive (ValueError",
+        "Error: InitVar 'window_layout' must be specified with replace())",
         state="undecided",
     ),
     "spec page rule raises": Fault(
