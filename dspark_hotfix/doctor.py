@@ -99,9 +99,9 @@ def report(source: str) -> dict[str, Any]:
                 f"vLLM cannot be imported by {sys.executable} ({type(exc).__name__}: {exc})"
             )
         else:
-            # Each target module is imported as in the server, where the shim is active. A
-            # module this vLLM lacks is no problem: its patches are judged so (Patch.absent).
-            for module in dict.fromkeys(p.module for p in patches.ALL):
+            # Each target module is imported as in the server, where the shim is active. A module
+            # this vLLM lacks is no problem: its patches are judged without it (Patch.absent).
+            for module in dict.fromkeys(m for p in patches.ALL for m in p.modules):
                 try:
                     importlib.import_module(module)
                 except Exception as exc:

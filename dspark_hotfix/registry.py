@@ -71,8 +71,12 @@ class Activation:
         # One thread registers, or decides, at a time.
         self.registering = threading.RLock()
         self.hooks = [
-            (r.patch.module, functools.partial(_on_import, self, r)) for r in self.records.values()
+            (module, functools.partial(_on_import, self, r))
+            for r in self.records.values()
+            for module in r.patch.modules
         ]
+        # The places of a target that this vLLM has no module for.
+        self.missing: set[str] = set()
         if self.enabled:
             # The gauges on /metrics, from the import of vLLM's metrics client on.
             gauges = functools.partial(metrics.publish, source, self.records.values())
@@ -133,9 +137,9 @@ def activate(source: str) -> None:
     # module that another thread puts in sys.modules meanwhile.
     with activation.registering:
         for record in activation.records.values():
-            module = record.patch.module
-            if record.state == PENDING and module in sys.modules and not state.running(module):
-                _decide(activation, record, sys.modules[module])
+            for module in record.patch.modules:
+                if record.state == PENDING and module in sys.modules and not state.running(module):
+                    _decide(activation, record, sys.modules[module])
     _import_everywhere(activation)
     _report(activation)
 
@@ -237,49 +241,53 @@ def _report(activation: Activation) -> None:
 def _import_everywhere(activation: Activation) -> None:
     """Once every other patch is judged, import an ``everywhere`` patch's module where vLLM did not:
     a tensor-parallel worker may never import the KV-cache grouping, and every process kind gives
-    one verdict. Its hook then decides and reports; a module this vLLM lacks is judged here."""
+    one verdict. Its hook then decides and reports. A patch no module of this vLLM holds the target
+    of is judged here, once every place is known (see Patch.absent)."""
     waiting = [r for r in activation.records.values() if state.row(r)["state"] == PENDING]
     # Only with the hooks in place, and once the patches left waiting are all judged everywhere.
     if _finder not in sys.meta_path or not all(r.patch.everywhere for r in waiting):
         return
-    for module in dict.fromkeys(
-        r.patch.module for r in waiting if r.patch.module not in sys.modules
-    ):
+    for module in dict.fromkeys(m for r in waiting for m in r.patch.modules):
+        if module in sys.modules:
+            continue
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            # This vLLM has no such module: the patch is judged so (see Patch.absent).
-            for record in waiting:
-                if record.patch.module == module == exc.name:
-                    _decide(activation, record, None)
+            if exc.name == module:
+                activation.missing.add(module)
         except HotfixError:
             # In strict mode a patch there that cannot be applied stops vLLM, as anywhere else.
             raise
         except Exception:
             # The patch stays pending, and its record says what it waits for.
             pass
+    for record in waiting:
+        _decide(activation, record, None)
 
 
 def _decide(activation: Activation, record: Record, module: Any) -> None:
-    """Judge ``record``'s patch on ``module``, then settle its one state."""
+    """Judge ``record``'s patch on ``module``, one of its places (None: every place judged), then
+    settle its one state. A place without the target waits for the others."""
     patch, target = record.patch, None
+    if record.state != PENDING and not state.stale(record):
+        return
     try:
-        target = resolve(patch, module)
-        if target[2] is record.wrapper:  # wrapped by a decision an interrupt cut short: settle it
-            _set_state(activation, record, PATCHED, record.needed, record.detail, None, module)
-            return
-        needed, why = patch.probe(target[2])
-        if needed:
-            word = PATCHED
-        elif needed is False:
-            word = NOT_NEEDED
+        try:
+            target = resolve(patch, module)
+        except Absent:
+            # No place holds the target: judged once every place is known, by the absence probe.
+            name = getattr(module, "__name__", None)
+            if any(_open(activation, patch, m) for m in patch.modules if m != name):
+                return
+            if patch.absent is None:
+                raise
+            needed, why = patch.absent()
         else:
-            word = UNDECIDED
-    except Absent as exc:
-        if patch.absent:
-            needed, why, word = False, f"not needed ({exc}: {patch.absent})", NOT_NEEDED
-        else:
-            needed, why, word = None, str(exc), FAILED
+            if target[2] is record.wrapper:  # wrapped by a decision an interrupt cut short
+                _set_state(activation, record, PATCHED, record.needed, record.detail, None, module)
+                return
+            needed, why = patch.probe(target[2])
+        word = {True: PATCHED, False: NOT_NEEDED}.get(needed, UNDECIDED)
     except Exception as exc:  # Unavailable, or a probe that raised on a vLLM it does not know
         needed, word = None, FAILED
         why = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
@@ -287,6 +295,16 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     # Where the shim cannot tell, or may not, vLLM runs its function as shipped.
     if settled in (FAILED, UNDECIDED):
         _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
+
+
+def _open(activation: Activation, patch: Patch, module: str) -> bool:
+    """Whether ``module``, a place of ``patch``'s target, may still decide it: not missing from this
+    vLLM, and not loaded whole without the target."""
+    if module in activation.missing:
+        return False
+    if module not in sys.modules or state.running(module):
+        return True
+    return state.attribute(sys.modules[module], patch.qualname)[2] is not None
 
 
 def _set_state(
@@ -302,8 +320,8 @@ def _set_state(
     function if it is to be patched. A decision is made once per module: an import cut short is
     retried on a new module, and decided again there."""
     with state.lock:
-        # Decided already, on this very module.
-        if record.state != PENDING and module in (None, record.module):
+        # Decided already, on a module that is still vLLM's.
+        if record.state != PENDING and not state.stale(record):
             return None
         if not activation.enabled:
             word, why = DISABLED, f"{config.ENABLE} turns the shim off; {why}"
@@ -401,7 +419,7 @@ def resolve(patch: Patch, module: Any) -> tuple[Any, str, Callable[..., Any]]:
     """The owner, attribute name and plain function ``patch`` targets in ``module``."""
     owner, name, function = state.attribute(module, patch.qualname)
     if module is None:
-        raise Absent(f"this vLLM has no module {patch.module}")
+        raise Absent(f"this vLLM defines no {patch.qualname} in {' or '.join(patch.modules)}")
     if function is None:
         raise Absent(
             f"{owner.__name__} defines no {name}"

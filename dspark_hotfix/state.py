@@ -68,7 +68,7 @@ class Record:
 
     def __init__(self, patch: Any, state: str = PENDING, detail: str = "") -> None:
         self.patch, self.state = patch, state
-        self.detail = detail or f"waiting for {patch.module}"
+        self.detail = detail or f"waiting for {' or '.join(patch.modules)}"
         self.needed: bool | None = None  # once judged; None: the probe could not tell
         self.calls = self.corrections = 0  # of the wrapper: the shim's whole cost while vLLM runs
         self.raised = ""  # what the correction raised, if it ever did
@@ -95,7 +95,7 @@ def running(module: str) -> bool:
 
 def still_called(record: Record) -> bool:
     """Whether vLLM's attribute is the wrapper, or another tool's wrapper around it."""
-    function = attribute(sys.modules.get(record.patch.module), record.patch.qualname)[2]
+    function = attribute(record.module, record.patch.qualname)[2]
     for _ in range(8):  # a bounded walk: __wrapped__ chains can loop
         if function is record.wrapper:
             return True
@@ -106,13 +106,21 @@ def still_called(record: Record) -> bool:
     return False
 
 
+def stale(record: Record) -> bool:
+    """Whether the record's decision was made on a module whose import did not complete: the module
+    in ``sys.modules`` is another now, or none."""
+    return (
+        record.module is not None and sys.modules.get(record.module.__name__) is not record.module
+    )
+
+
 def row(record: Record) -> dict[str, Any]:
     """A record as status() gives it. A decision made on a module whose import did not complete (an
     interrupt, an error) stands for nothing: the module's next import decides again."""
     state, detail = record.state, record.detail
-    if record.module is not None and sys.modules.get(record.patch.module) is not record.module:
+    if stale(record):
         state = PENDING
-        detail = f"waiting for {record.patch.module} (its last import did not complete)"
+        detail = f"waiting for {record.module.__name__} (its last import did not complete)"
     elif state == PATCHED and not still_called(record):
         state = FAILED
         detail = (
@@ -121,9 +129,11 @@ def row(record: Record) -> dict[str, Any]:
         )
     elif state == PATCHED and record.raised:
         state, detail = RAISED, f"{detail}; {record.raised}"
+    # The place the decision was made on, where vLLM's module for it is known.
+    module = record.module.__name__ if record.module is not None else record.patch.module
     return {
         "name": record.patch.name,
-        "target": record.patch.target,
+        "target": f"{module}.{record.patch.qualname}",
         "state": state,
         "needed": record.needed,
         "calls": record.calls,

@@ -8,7 +8,8 @@ processes) run on these, so adding or removing a real patch never touches them. 
 its own tests in tests/patches/.
 
 - ``GREETING``, a correction: the toy build greets ``helo, NAME``; it returns ``hello, NAME``.
-- ``FAREWELL``, a correction whose target the toy build lacks: ``absent`` says why that is fine.
+- ``FAREWELL``, a correction whose target the toy build lacks: its ``absent`` probe says it is
+  not needed.
 - ``PLANNER``, a stop (``everywhere``): the toy build's ``plan`` drops an item when ``compact`` is
   on; it stops such a call with a finding, before the toy function runs.
 """
@@ -72,7 +73,7 @@ FAREWELL = Patch(
     parameters=("self", "name"),
     correction=_farewell,
     probe=_probe_farewell,
-    absent="the toy build says no farewell",
+    absent=lambda: Need(False, "not needed (the toy build says no farewell)"),
 )
 PLANNER = Patch(
     name="toy_planner",

@@ -32,7 +32,8 @@ swa_kv_cache_spec
     Remove: with PR #47716 (>= 0.25.0).
 
 kv_cache_groups (a stop)
-    Target: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups``.
+    Target: ``get_kv_cache_groups``, in ``vllm.v1.core.kv_cache_utils`` up to 0.32.0, in
+    ``kv_cache_planning`` from 0.33.0.
     Why: with the hybrid KV cache manager off (the flag, or a KV connector without
     support for it), vLLM 0.25.0 to 0.27.1 rebuild the sliding-window specs without
     the layout: the reported error, on released vLLM. They also put every compressor
@@ -44,14 +45,15 @@ kv_cache_groups (a stop)
     Remove: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 
 promote_local_specs
-    Target: ``vllm.v1.core.kv_cache_planning.replace_as`` (as the promotion of local specs calls
-    it).
-    Why: with the hybrid KV cache manager off, vLLM 0.33.0 rebuilds a DeepSeek-V4
+    Target: ``replace_as`` as the promotion of local specs calls it, in
+    ``vllm.v1.core.kv_cache_planning`` (0.33.0 on) or ``kv_cache_utils`` (0.28.0 to 0.32.0).
+    Why: with the hybrid KV cache manager off, vLLM 0.31.0 to 0.33.0 rebuild a DeepSeek-V4
     sliding-window spec as ``MLAAttentionSpec`` passing ``bounded_replay``, which
     that class lacks: ``TypeError``, and DeepSeek-V4 cannot start. It repairs the
     call (its arguments step): ``bounded_replay`` is dropped as well.
     How it decides: vLLM's promotion of a stand-in DeepSeek-V4 pair raises, and
-    repaired keeps the layout (584 bytes per token).
+    repaired keeps the layout (584 bytes per token). Where no place makes the call
+    (0.25.0 to 0.27.1), vLLM's hybrid-off grouping as shipped raises no such error.
     Upstream: fixed in vLLM 0.34.0.
     Remove: with vLLM 0.34.0 or later.
 """
@@ -69,8 +71,10 @@ ALL: tuple[Patch, ...] = (
     remap_dspark_name.PATCH,
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
-    kv_cache_groups.PATCH,
+    # Before kv_cache_groups: that probe runs vLLM's hybrid-off grouping, which calls the target of
+    # this one where both are needed and their modules are one.
     promote_local_specs.PATCH,
+    kv_cache_groups.PATCH,
 )
 
 __all__ = ["ALL", "Finding", "Need", "Patch"]

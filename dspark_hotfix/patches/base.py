@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 class Need(NamedTuple):
     """Whether the running vLLM needs a patch: the probe's answer, from calling vLLM's own function.
 
-    ``needed`` is None when the probe could not decide; the patch is then
-    applied, because every correction returns answers that are right unchanged.
+    ``needed`` is None when the probe could not decide: the patch is then not applied, and the
+    verdict is ``undecided``.
     """
 
     needed: bool | None
@@ -32,6 +32,8 @@ class Finding(Exception):
 @dataclass(frozen=True)
 class Patch:
     name: str
+    # The target's module; ``also_in``: where other releases define it, the same qualname in
+    # another module (one fix, several places). One place per release holds it.
     module: str
     qualname: str  # "Class.method", or "function" for a module-level one
     parameters: tuple[str, ...]  # vLLM's, checked before wrapping
@@ -48,11 +50,18 @@ class Patch:
     # A stop corrects nothing: its arguments step only stops vLLM, early and clearly, where vLLM
     # would crash.
     stops: bool = False
-    # Why a vLLM without the target does not need the patch; empty: a missing target is a failure.
-    absent: str = ""
+    # Where no place of the running vLLM holds the target: the probe that shows whether the bug can
+    # happen there all the same (it calls vLLM's functions as ``probe`` does). None: a missing
+    # target is a failure.
+    absent: Callable[[], Need] | None = None
+    also_in: tuple[str, ...] = ()
     # Judged in every process that judges the other patches: where vLLM never imports its (light)
     # module, the registry does, so that every process kind gives the same verdict.
     everywhere: bool = False
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (self.module, *self.also_in)
 
     @property
     def target(self) -> str:

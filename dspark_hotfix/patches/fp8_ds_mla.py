@@ -16,6 +16,7 @@ silently over the padded pages, and FlashMLA rejects it:
 """
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -157,3 +158,25 @@ def _spec(cls: Any, mode: Any, **values: Any) -> Any:
     )
     names = {f.name for f in dataclasses.fields(cls) if f.init}  # the fields this release has
     return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def hybrid_off(get_kv_cache_groups: Callable[..., Any]) -> tuple[dict[str, Any], Any]:
+    """vLLM's ``get_kv_cache_groups`` run with the hybrid KV cache manager off on a stand-in pair:
+    the specs after it, which it converts in place first, and what it raised (grouping needs a real
+    config, so it raises past the conversion)."""
+    specs = stand_in_pair(sys.modules["vllm.v1.kv_cache_interface"], quant_mode())
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
+        kv_transfer_config=None,
+    )
+    # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a
+    # probe.
+    log = logging.getLogger(get_kv_cache_groups.__module__)
+    quiet, log.disabled, raised = log.disabled, True, None
+    try:
+        get_kv_cache_groups(config, specs)
+    except Exception as exc:
+        raised = exc
+    finally:
+        log.disabled = quiet
+    return specs, raised

@@ -7,7 +7,8 @@ with ``--disable-hybrid-kv-cache-manager``, or where vLLM turns it off for a
 ``--kv-transfer-config`` connector without support for it (many
 prefill/decode-disaggregated setups).
 
-Cause: ``vllm.v1.core.kv_cache_utils.get_kv_cache_groups`` then rebuilds every
+Cause: vLLM's ``get_kv_cache_groups`` (in ``vllm.v1.core.kv_cache_utils`` up to 0.32.0,
+``kv_cache_planning`` from 0.33.0) then rebuilds every
 ``SlidingWindowMLASpec`` as a full-attention ``MLAAttentionSpec``. The rebuilt
 spec has no ``kv_quant_mode``, so the V2 runner views it at 512 bytes/token
 and FlashMLA rejects it. It also gets the full-attention block size (256),
@@ -17,21 +18,18 @@ docs/evidence/hybrid-off.md has the measurements, release by release.
 
 Upstream: vllm-project/vllm#47776.
 
-Decision: at import, vLLM's ``get_kv_cache_groups`` converts a stand-in pair of
-DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off. The patch is
-applied only if the sliding-window spec comes back without the layout. Where
-vLLM has no ``kv_cache_utils.get_kv_cache_groups`` (0.33.0 groups elsewhere),
-it is not needed. Applied, it stops such an engine at KV-cache grouping,
-before the KV cache is allocated and before FlashMLA runs. Its error names
-what turned the manager off and what helps. Everything else passes through.
+Decision: at import, vLLM's ``get_kv_cache_groups``, wherever it lives, converts a
+stand-in pair of DeepSeek-V4 ``fp8_ds_mla`` specs with the hybrid manager off. The
+patch is applied only if the sliding-window spec comes back without the layout; a
+vLLM that has neither place is an unexpected one (``failed``). Applied, it stops
+such an engine at KV-cache grouping, before the KV cache is allocated and before
+FlashMLA runs. Its error names what turned the manager off and what helps.
+Everything else passes through.
 
 Removal: with a vLLM whose hybrid-off path keeps the layout (0.28.0 on).
 """
 
-import logging
-import sys
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from dspark_hotfix.patches.base import Finding, Need, Patch
@@ -39,8 +37,8 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
     deepseek_v4_fp8_ds_mla,
+    hybrid_off,
     quant_mode,
-    stand_in_pair,
 )
 
 
@@ -60,54 +58,40 @@ def check(vllm_config: Any, kv_cache_spec: Any) -> None:
             " rebuilds their sliding-window caches without their layout (a 512-byte/token view"
             f" where FlashMLA needs {BYTES_PER_TOKEN}) and its compressor states at a block size"
             " their kernels refuse. What helps: leave the hybrid manager on; for prefill/decode"
-            " disaggregation, a KV connector that supports it (SupportsHMA); no vLLM release up to"
-            " 0.33.0 runs DeepSeek-V4 with it off"
+            " disaggregation, a KV connector that supports it (SupportsHMA); or a vLLM from 0.28.0"
+            " on, which keeps the layout with it off"
         )
 
 
 def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
-    mode = quant_mode()
-    interface = sys.modules["vllm.v1.kv_cache_interface"]
+    mode = quant_mode()  # raises where vLLM lacks get_kv_quant_mode: the layout cannot be checked
     try:
-        specs = stand_in_pair(interface, mode)
+        specs, raised = hybrid_off(vllm_get_kv_cache_groups)
     except Exception as exc:  # spec classes this probe does not know how to build
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
-        kv_transfer_config=None,
-    )
-    # vLLM warns "Hybrid KV cache manager is disabled" on this path: not in an operator's log for a
-    # probe.
-    log = logging.getLogger(vllm_get_kv_cache_groups.__module__)
-    quiet, log.disabled = log.disabled, True
-    try:
-        vllm_get_kv_cache_groups(config, specs)
-    except Exception:  # the conversion comes first and works in place; grouping needs a real config
-        pass
-    finally:
-        log.disabled = quiet
     swa = specs["swa"]
+    # Not rebuilt where the grouping raised first: the layout is not lost there, and what raised is
+    # another patch's concern (promote_local_specs, judged first).
+    kept = "keeps the fp8_ds_mla layout"
+    if type(swa).__name__ == "SlidingWindowMLASpec":
+        kept = f"leaves the sliding-window spec as it is, raising {raised!r}"
     if swa.kv_quant_mode == mode:
-        return Need(False, "not needed (vLLM's hybrid-off grouping keeps the fp8_ds_mla layout)")
-    mode_name = getattr(swa.kv_quant_mode, "name", swa.kv_quant_mode)
+        return Need(False, f"not needed (vLLM's hybrid-off grouping {kept})")
     return Need(
         True,
         "needed (vLLM's hybrid-off grouping rebuilds an fp8_ds_mla sliding-window spec as "
-        f"{type(swa).__name__}(kv_quant_mode={mode_name}))",
+        f"{type(swa).__name__}(kv_quant_mode={getattr(swa.kv_quant_mode, 'name', '?')}))",
     )
 
 
 PATCH = Patch(
     name="kv_cache_groups",
     module="vllm.v1.core.kv_cache_utils",
+    also_in=("vllm.v1.core.kv_cache_planning",),
     qualname="get_kv_cache_groups",
     parameters=("vllm_config", "kv_cache_spec"),
     arguments=check,
     stops=True,
     probe=probe,
-    absent=(
-        "its KV-cache grouping lives elsewhere, past the releases whose hybrid-off path loses the"
-        " layout"
-    ),
     everywhere=True,
 )

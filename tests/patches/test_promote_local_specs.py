@@ -20,9 +20,12 @@ from dspark_hotfix.patches.fp8_ds_mla import (
     stand_in_pair,
 )
 from dspark_hotfix.patches.promote_local_specs import FIELD, PATCH, arguments
+from tests.conftest import STANDIN
 from tests.patches import BUILDS, KVI, Fault, module_file
 
 FILE = module_file(PATCH)
+# The stand-in's kv_cache_utils, vLLM 0.25.0's grouping: the place of the call up to 0.32.0.
+UTILS = PATCH.also_in[0].replace(".", "/") + ".py"
 # vLLM 0.34.0 drops the field at the call.
 FIX = [('drop=("extra_retained_tokens",)', 'drop=("extra_retained_tokens", "bounded_replay")')]
 FAULTS = {
@@ -52,7 +55,7 @@ FAULTS = {
     # alone.
     "promotion renamed": Fault(
         {FILE: [("def _promote_local_kv_cache_specs(", "def _promote_local_specs(")]},
-        "probe inconclusive (AttributeError",
+        "probe inconclusive (LookupError: this vLLM defines no _promote_local_kv_cache_specs",
         state="undecided",
     ),
 }
@@ -141,17 +144,61 @@ def test_excluded_vllm_meets_its_own_type_error_and_the_line_says_the_repair_was
     assert f"1 excluded ({PATCH.name})" in line and ": problem: " in line
 
 
-def test_where_the_planning_module_is_absent_the_repair_is_not_needed_and_says_why(standin_shim):
+def test_where_no_place_makes_the_call_the_grouping_as_shipped_decides(standin_shim):
+    # No planning module, and a grouping that makes no replace_as call: the grouping, run as vLLM
+    # ships it (the stop's wrapper taken off), raises no TypeError for a field.
     shim = standin_shim(remove=(FILE,))
     dspark_hotfix.install()
-    import_targets(
-        [p for p in dspark_hotfix.patches.ALL if p is not PATCH]
-    )  # as vLLM does; not this one
+    import_targets([p for p in dspark_hotfix.patches.ALL if p is not PATCH])  # as vLLM does
     row = shim.status()[PATCH.name]
     assert row["state"] == "not_needed", row
-    assert row["detail"] == f"not needed (this vLLM has no module {PATCH.module}: {PATCH.absent})"
+    assert PATCH.absent is not None
+    assert (
+        row["detail"]
+        == PATCH.absent().detail
+        == (
+            "not needed (this vLLM's KV-cache planning makes no replace_as call, and its hybrid-off"
+            " grouping raises no TypeError for a field)"
+        )
+    )
     (line,) = shim.summaries()
     assert ": fixing: " in line and "1 not_needed" in line
+
+
+def test_where_no_place_makes_the_call_but_the_grouping_raises_for_a_field_it_is_undecided(
+    standin_shim,
+):
+    # The absence is judged by what the grouping does, not by a module's name: a grouping without
+    # the planning module that still raises for a field leaves the repair undecided, and said.
+    shim = standin_shim(
+        {UTILS: [("compress_ratio=spec.compress_ratio,", "window=spec.sliding_window,")]},
+        remove=(FILE,),
+    )
+    dspark_hotfix.install()
+    import_targets([p for p in dspark_hotfix.patches.ALL if p is not PATCH])
+    row = shim.status()[PATCH.name]
+    assert row["state"] == "undecided", row
+    assert "unexpected keyword argument 'window'" in row["detail"], row
+
+
+def test_where_the_promotion_lives_in_kv_cache_utils_it_is_repaired_there(standin_shim):
+    # vLLM 0.31.0 and 0.32.0: the same call, in the module vLLM 0.33.0 moved it from.
+    planning = (STANDIN / FILE).read_text().split("from vllm.v1.kv_cache_interface", 1)[1]
+    utils = UTILS
+    head = "from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec\n"
+    shim = standin_shim(
+        {utils: [(head, f"from vllm.v1.kv_cache_interface{planning}\n")]}, remove=(FILE,)
+    )
+    dspark_hotfix.install()
+    import_targets([p for p in dspark_hotfix.patches.ALL if p is not PATCH])  # as vLLM does
+    row = shim.status()[PATCH.name]
+    assert (row["state"], row["target"]) == ("patched", f"{PATCH.also_in[0]}.replace_as"), row
+    utils_module = sys.modules[PATCH.also_in[0]]
+    swa = utils_module._promote_local_kv_cache_specs(
+        stand_in_pair(sys.modules["vllm.v1.kv_cache_interface"], quant_mode())
+    )["swa"]
+    assert runner_bytes_per_token(swa) == BYTES_PER_TOKEN
+    assert shim.status()[PATCH.name]["corrections"] == 1
 
 
 @pytest.mark.parametrize("by_keyword", [(), ("target_cls",), ("spec", "target_cls")])
@@ -243,6 +290,4 @@ def test_on_real_vllm_0_34_0_it_is_not_needed_and_the_grouping_is_vllms_own():
 def test_on_real_vllm_without_the_planning_module_it_is_not_needed_and_says_why(version):
     row = runs.hybrid_off(version, "with_shim")["status"]["patches"][PATCH.name]
     assert row["state"] == "not_needed", row
-    assert (
-        row["detail"] == f"not needed (this vLLM has no module {PATCH.module}: {PATCH.absent})"
-    ), row
+    assert row["detail"].startswith("not needed (this vLLM's KV-cache planning makes no"), row

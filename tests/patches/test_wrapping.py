@@ -17,7 +17,7 @@ import pytest
 
 import dspark_hotfix
 from dspark_hotfix import HotfixError, cli
-from dspark_hotfix.patches import Finding
+from dspark_hotfix.patches import Finding, Need
 from tests import toys as toy_patches
 from tests.conftest import edited_standin
 
@@ -231,7 +231,9 @@ def test_a_missing_module_of_a_patch_not_judged_everywhere_leaves_it_waiting_wit
 
 
 @pytest.mark.parametrize(
-    "absent", ["", "the toy build plans elsewhere"], ids=["cannot tell", "absence is fine"]
+    "absent",
+    [None, lambda: Need(False, "not needed (the toy build plans elsewhere)")],
+    ids=["cannot tell", "absence is fine"],
 )
 def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(
     toys, monkeypatch, tmp_path, absent
@@ -246,7 +248,9 @@ def test_a_missing_module_of_an_everywhere_patch_is_judged_once_the_others_are(
     importlib.import_module(GREETING.module)
     row = toys.status()[PLANNER.name]
     assert row["state"] == ("not_needed" if absent else "failed"), row
-    assert f"this vLLM has no module {PLANNER.module}" in row["detail"] and absent in row["detail"]
+    assert row["detail"] == (
+        absent().detail if absent else f"this vLLM defines no plan in {PLANNER.module}"
+    ), row
     (line,) = toys.summaries()
     assert line.endswith(
         "fixing: 1 patched (toy_greeting), 1 not_needed"
