@@ -22,8 +22,8 @@ lint: $(VENV)/.ready
 	$(PY) scripts/loc
 	$(PY) -m mypy
 
-FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long
-SLOW := real_vllm or oci or ray or coexist or sweep
+FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long and not lifecycle
+SLOW := real_vllm or oci or ray or coexist or sweep or lifecycle
 
 test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray, coexistence and sweep tiers
 

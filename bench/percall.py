@@ -43,13 +43,13 @@ def patch_named(name: str) -> Any:
     return next(p for p in ALL if p.name == name)
 
 
-def correction_on(cls_name: str) -> str:
+def correction_on(cls_name: str) -> str | None:
     """The name of the shim's correction (a patch decided by a probe) of a method of vLLM's class
-    ``cls_name``."""
+    ``cls_name``; None where the patch set has none (a patch removed: its cases are not run)."""
     from dspark_hotfix.patches import ALL
 
     corrections = [p for p in ALL if not p.stops]
-    return next(p.name for p in corrections if p.qualname.split(".")[0] == cls_name)
+    return next((p.name for p in corrections if p.qualname.split(".")[0] == cls_name), None)
 
 
 def owner(name: str) -> type:
@@ -91,7 +91,11 @@ def instance_of(name: str, fields: SimpleNamespace) -> object:
 
 
 def cases(build: str) -> list[tuple[str, str, object, object, int]]:
-    """(case, patch, instance, argument, calls per loop)."""
+    """(case, patch, instance, argument, calls per loop), for the corrections the patch set has."""
+    return [case for case in all_cases(build) if case[1] is not None]
+
+
+def all_cases(build: str) -> list[tuple[Any, ...]]:
     remap = correction_on("DSparkDeepseekV4ForCausalLM")
     attention_spec, swa_spec = (
         correction_on("DeepseekV4Attention"),
@@ -99,10 +103,10 @@ def cases(build: str) -> list[tuple[str, str, object, object, int]]:
     )
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
     if build == "standin":
-        draft = owner(remap)()
-        attention = owner(attention_spec)(4, "fp8_ds_mla")
-        swa = owner(swa_spec)(512, cache_dtype="fp8_ds_mla")
-        swa_auto = owner(swa_spec)(512, cache_dtype="auto")
+        draft = owner(remap)() if remap else None
+        attention = owner(attention_spec)(4, "fp8_ds_mla") if attention_spec else None
+        swa = owner(swa_spec)(512, cache_dtype="fp8_ds_mla") if swa_spec else None
+        swa_auto = owner(swa_spec)(512, cache_dtype="auto") if swa_spec else None
         return [
             (
                 "remap, layer name: the defect, corrected",
@@ -132,9 +136,13 @@ def cases(build: str) -> list[tuple[str, str, object, object, int]]:
     sys.path.insert(0, str(REPO / "tests" / "real_vllm" / "inside"))
     import grid
 
-    draft = instance_of(remap, grid.draft(43, 3))
-    attention = instance_of(attention_spec, grid.attention_layer(4, "fp8_ds_mla"))
-    swa = instance_of(swa_spec, grid.swa_layer(64, "fp8_ds_mla"))
+    draft = instance_of(remap, grid.draft(43, 3)) if remap else None
+    attention = (
+        instance_of(attention_spec, grid.attention_layer(4, "fp8_ds_mla"))
+        if attention_spec
+        else None
+    )
+    swa = instance_of(swa_spec, grid.swa_layer(64, "fp8_ds_mla")) if swa_spec else None
     return [
         ("remap, layer name", remap, draft, "mtp.1.attn.wkv.weight", FAST_CALLS),
         ("remap, head name", remap, draft, "mtp.2.norm.weight", FAST_CALLS),

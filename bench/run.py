@@ -7,7 +7,7 @@ are dropped. Wall time, CPU time and peak RSS come from ``os.wait4`` of each
 child. The shim and the stand-in are byte-compiled first with each interpreter,
 as pip does at install: this environment sets PYTHONDONTWRITEBYTECODE, and
 without ``.pyc`` files every process would recompile them. Writes
-docs/BENCHMARKS.md; ``--quick`` only prints, from fewer runs.
+docs/BENCHMARKS.md; ``--quick`` only prints, from fewer runs; ``--smoke`` runs each measure once.
 """
 
 from __future__ import annotations
@@ -56,6 +56,16 @@ QUICK = {
     "wrapt_only": 1,
     "inside": 1,
     "percall": 20,
+}
+# Every measure once, printed, no figure worth reading: that the benchmarks run
+# (tests/test_lifecycle.py runs them so in a copy without each patch).
+SMOKE = {
+    "startup": (3, 0),  # its thirds
+    "importtime": 1,
+    "import": (1, 0),
+    "wrapt_only": 1,
+    "inside": 1,
+    "percall": 1,
 }
 
 
@@ -635,8 +645,8 @@ def bench_calls(dev: str, real: str, plan: dict, lines: list[str], info: list[st
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv[1:]
-    plan = QUICK if quick else FULL
+    quick = "--quick" in sys.argv[1:] or "--smoke" in sys.argv[1:]
+    plan = SMOKE if "--smoke" in sys.argv[1:] else QUICK if quick else FULL
     dev, real = sys.executable, str(ensure_venv(VLLM)[0])
     started, load = time.monotonic(), os.getloadavg()
     for python in (dev, real):

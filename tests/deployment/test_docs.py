@@ -401,13 +401,15 @@ def test_every_link_between_the_docs_resolves():
 def test_every_test_a_doc_cites_exists():
     # "tests/x.py::test_name" and "harness/tests/x.py" in any committed page: a test renamed, moved
     # or removed must not leave a doc citing it as proof (a guide's new file, marked "guide: new",
-    # is the exception)
+    # is the exception, and so are the dated records under docs/evidence: history, which cites
+    # what was there when it was measured)
     pages = subprocess.run(
         ["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True
     )
     cited = [
         (page, path, name)
         for page in pages.stdout.split()
+        if not page.startswith("docs/evidence/")
         for line in text(page).splitlines()
         if "guide: new" not in line
         for path, name in re.findall(r"((?:harness/)?tests/[\w/]+\.py)(?:::(\w+))?", line)
@@ -417,7 +419,7 @@ def test_every_test_a_doc_cites_exists():
         assert not name or re.search(
             rf"^(\s*def|class) {name}\b", (REPO / path).read_text(), re.MULTILINE
         ), f"{page} cites {path}::{name}"
-    assert len(cited) > 100
+    assert len(cited) > 50  # the scan read the pages
 
 
 def test_every_tier_selection_the_docs_write_is_the_makefiles():
@@ -445,6 +447,10 @@ def test_the_docs_an_operator_reads_stay_short():
     # What people write, as `cat README.md docs/*.md SECURITY.md | wc -w` less the generated pages:
     # a patch's rows there come and go with the records, not with anyone's prose.
     words = sum(len(text(doc).split()) for doc in OPERATOR_DOCS if doc not in GENERATED)
+    # The README's removal rule too is scripts/matrix.py's, from every release's record.
+    rule = re.search(r"^\*\*The rule:\*\*.*?\n\n", text("README.md"), re.S | re.M)
+    assert rule is not None
+    words -= len(rule[0].split())
     assert words <= 6500, words
 
 
