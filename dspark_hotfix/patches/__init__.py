@@ -71,10 +71,10 @@ ALL: tuple[Patch, ...] = (
     remap_dspark_name.PATCH,
     attention_kv_cache_spec.PATCH,
     swa_kv_cache_spec.PATCH,
-    # Before kv_cache_groups: that probe runs vLLM's hybrid-off grouping, which calls the target of
-    # this one where both are needed and their modules are one.
-    promote_local_specs.PATCH,
+    # Before promote_local_specs: its probe runs vLLM's hybrid-off grouping, which calls that one's
+    # target, as vLLM ships it; after it, the probe's call would count as vLLM's.
     kv_cache_groups.PATCH,
+    promote_local_specs.PATCH,
 )
 
 __all__ = ["ALL", "Finding", "Need", "Patch"]

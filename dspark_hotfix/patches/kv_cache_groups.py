@@ -71,7 +71,7 @@ def probe(vllm_get_kv_cache_groups: Callable[..., Any]) -> Need:
         return Need(None, f"probe inconclusive ({type(exc).__name__}: {exc})")
     swa = specs["swa"]
     # Not rebuilt where the grouping raised first: the layout is not lost there, and what raised is
-    # another patch's concern (promote_local_specs, judged first).
+    # another patch's concern (promote_local_specs, judged after this one).
     kept = "keeps the fp8_ds_mla layout"
     if type(swa).__name__ == "SlidingWindowMLASpec":
         kept = f"leaves the sliding-window spec as it is, raising {raised!r}"

@@ -18,16 +18,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_hotfix.patches.attention_kv_cache_spec import PATCH as ATTENTION
+from dspark_hotfix.patches import ALL
 from dspark_hotfix.patches.fp8_ds_mla import (
     BYTES_PER_TOKEN,
     CACHE_DTYPE,
     CorrectionFailed,
     fp8_ds_mla_spec,
+    quant_mode,
     runner_bytes_per_token,
 )
-from dspark_hotfix.patches.swa_kv_cache_spec import PATCH as SWA
 from tests.patches import engine_start
+
+# The patches that correct a spec with this module, whichever ALL has: this module's tests hold
+# without any one of them.
+SPEC_PATCHES = [p for p in ALL if p.qualname.endswith(".get_kv_cache_spec")]
 
 CONFIG = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, cache_dtype="fp8_ds_mla"))
 
@@ -125,7 +129,7 @@ def test_a_rebuild_that_does_not_give_584_is_refused(vllm):
         fp8_ds_mla_spec(spec, "fp8_ds_mla", vllm.get_kv_quant_mode("fp8_ds_mla"))
 
 
-@pytest.mark.parametrize("patch", [ATTENTION, SWA], ids=lambda p: p.name)
+@pytest.mark.parametrize("patch", SPEC_PATCHES, ids=lambda p: p.name)
 def test_probe_finds_the_defect_in_the_standin(vllm, patch):
     module = __import__(patch.module, fromlist=["_"])
     cls_name, _, method = patch.qualname.partition(".")
@@ -134,7 +138,7 @@ def test_probe_finds_the_defect_in_the_standin(vllm, patch):
     assert "512 bytes/token" in verdict.detail and "584" in verdict.detail
 
 
-@pytest.mark.parametrize("patch", [ATTENTION, SWA], ids=lambda p: p.name)
+@pytest.mark.parametrize("patch", SPEC_PATCHES, ids=lambda p: p.name)
 def test_the_correction_of_vllms_spec_gives_the_layout(vllm, patch):
     module = __import__(patch.module, fromlist=["_"])
     cls_name, _, method = patch.qualname.partition(".")
@@ -294,7 +298,7 @@ def test_spec_correction_is_idempotent(standin_modules, data):
 
 @WITH_STANDIN
 @given(st.integers(1, 16), st.sampled_from(CACHE_DTYPES), st.sampled_from([128, 4096]))
-def test_swa_patch_corrects_the_standin_method_for_every_block_size(
+def test_the_correction_of_the_standin_swa_spec_holds_for_every_block_size(
     standin_modules, blocks, dtype, window
 ):
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
@@ -304,7 +308,7 @@ def test_swa_patch_corrects_the_standin_method_for_every_block_size(
     method = DeepseekV4SWACache.__dict__["get_kv_cache_spec"]
     method = getattr(method, "__wrapped__", method)
     spec = method(layer, SimpleNamespace())
-    fixed = SWA.correction(spec, layer, SimpleNamespace())
+    fixed = fp8_ds_mla_spec(spec, dtype, quant_mode())
     if dtype == CACHE_DTYPE:
         assert (
             runner_bytes_per_token(spec) == 512 and runner_bytes_per_token(fixed) == BYTES_PER_TOKEN
