@@ -4,6 +4,10 @@ vLLM build x hybrid KV cache manager on/off x what each patch does x the exact l
 records alone, never from the code: a patch removed since they were written stays in them, and here,
 as history (`make records` writes them anew, then this page):
 
+- docs/evidence/releases.json: every vLLM release that carries DeepSeek-V4, without and with the
+  shim: doctor's verdict, each patch's state, vLLM's own KV-cache grouping with the hybrid manager
+  on and off, and the draft's quantization (tests/real_vllm/test_releases.py records it); the
+  README's removal rule is written from it too;
 - docs/evidence/hybrid-off.json: vLLM's own code on the CPU, each build without and with the shim,
   the hybrid manager on and off (tests/real_vllm/test_hybrid_off.py records it);
 - docs/evidence/lines.json: the lines each process kind prints, per build
@@ -14,8 +18,8 @@ as history (`make records` writes them anew, then this page):
 
 Where two records say what a patch did on one build, they must agree, or nothing is written.
 
-    python scripts/matrix.py           # writes docs/MATRIX.md
-    python scripts/matrix.py --check   # exits 1 where docs/MATRIX.md is not what the evidence gives
+    python scripts/matrix.py           # writes docs/MATRIX.md and the README's removal rule
+    python scripts/matrix.py --check   # exits 1 where either is not what the evidence gives
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 EVIDENCE = ROOT / "docs" / "evidence"
 TARGET = ROOT / "docs" / "MATRIX.md"
+README = ROOT / "README.md"
+RULE = re.compile(r"^\*\*The rule:\*\*.*?(?=\n\n)", re.S | re.M)  # the README's paragraph
 REVERTED = "0.25.0 reverted"  # PR #47716 reverted on 0.25.0: the reported pre-release's code
 # 0.25.0 with the shifted remap in a draft loader that skips names it does not have
 # (harness.e2e_h200.TOLERANT)
@@ -335,6 +342,72 @@ def bench_rows(serve: dict) -> list[str]:
     return [*rows, "", why, "", *costs]
 
 
+def spans(versions: list[str], line: list[str]) -> str:
+    """``versions`` as runs of consecutive releases of ``line``: "0.25.0 to 0.27.1, 0.33.0"."""
+    runs: list[list[str]] = []
+    for version in versions:
+        if runs and line.index(version) == line.index(runs[-1][-1]) + 1:
+            runs[-1].append(version)
+        else:
+            runs.append([version])
+    named = [run[0] if len(run) == 1 else f"{run[0]} to {run[-1]}" for run in runs]
+    return ", ".join(named[:-1]) + (" and " if len(named) > 1 else "") + named[-1]
+
+
+def removal_rule(releases: dict) -> str:
+    """The README's removal rule, from every release's verdict and draft quantization."""
+    line = list(releases)
+    by: dict[str, list[str]] = {"removable": [], "guarding": [], "fixing": []}
+    for version, arms in releases.items():
+        by[arms["with_shim"]["verdict"]].append(version)
+    draft = {v: arms["with_shim"]["draft_quantization"] for v, arms in releases.items()}
+    named = [
+        v for v, quantization in draft.items() if quantization["named"] != quantization["target"]
+    ]
+    text = (
+        f"**The rule:** remove the shim where it says `removable` (`doctor` exits 3): vLLM"
+        f" {spans(by['removable'], line)}. Where it says `guarding`"
+        f" ({spans(by['guarding'], line)}), remove it only where no deployment uses the setting it"
+        " stops: the hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`, or a"
+        " `--kv-transfer-config` connector without hybrid support). Keep it where it says `fixing`"
+        f" ({spans(by['fixing'], line)})."
+    )
+    if named:
+        text += (
+            f" On {spans(named, line)} a DSpark draft named explicitly"
+            " (`--speculative-config.model`) gets `fp8`, not the target's quantization"
+            " (vllm#51916), which no patch repairs: leave it unnamed."
+        )
+    return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
+
+
+def release_rows(releases: dict) -> list[str]:
+    """One row per release: verdict, the patches applied, vLLM's grouping as shipped and with the
+    shim, and the quantization vLLM gives a draft named explicitly."""
+
+    def grouped(cell: dict) -> str:
+        if "error" in cell:
+            return f"`{cell['error']}`"
+        return "SWA view " + "/".join(map(str, cell["swa_bytes_per_token"])) + " B/token"
+
+    rows = [
+        "| vLLM | verdict | patched | hybrid on, as shipped | hybrid off, as shipped |"
+        " hybrid on, with the shim | hybrid off, with the shim | draft named explicitly |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for version, arms in releases.items():
+        shim, shipped = arms["with_shim"], arms["without_shim"]
+        cells = [
+            version,
+            shim["verdict"],
+            ", ".join(f"`{name}`" for name in shim["needed"]) or "none",
+            *(grouped(arm[key]) for arm in (shipped, shim) for key in ("hybrid_on", "hybrid_off")),
+            f"`{shim['draft_quantization']['named']}`",
+        ]
+        rows.append(f"| {' | '.join(cells)} |")
+    return rows
+
+
 def render() -> str:
     hybrid = json.loads((EVIDENCE / "hybrid-off.json").read_text())["versions"]
     lines = json.loads((EVIDENCE / "lines.json").read_text())
@@ -350,6 +423,7 @@ def render() -> str:
             raise SystemExit(
                 f"{build}: hybrid-off.json says {recorded}, lines.json {final[build][1]}"
             )
+    releases = json.loads((EVIDENCE / "releases.json").read_text())
     out = [
         "# Version matrix",
         "",
@@ -370,6 +444,21 @@ def render() -> str:
             " with PR #47716"
         ),
         "reverted: the reported pre-release's KV-cache code (no registry carries that build).",
+        "",
+        "## Every release",
+        "",
+        "Every vLLM release on the registry that carries DeepSeek-V4, judged on the CPU by vLLM's"
+        " own code (docs/evidence/releases.json,",
+        "tests/real_vllm/test_releases.py): doctor's verdict with the shim, the patches it applies,"
+        " the sliding-window",
+        "layers' V2 runner view after vLLM's KV-cache grouping with the hybrid manager on and off,"
+        " and the quantization",
+        "vLLM's `SpeculativeConfig` gives a DSpark draft named explicitly (the target's is"
+        " `deepseek_v4_fp8`).",
+        "",
+        *release_rows(releases),
+        "",
+        removal_rule(releases),
         "",
         "## Builds, hybrid KV cache manager on and off",
         "",
@@ -514,16 +603,18 @@ def render() -> str:
 
 def main(argv: list[str]) -> int:
     text = render()
+    rule = removal_rule(json.loads((EVIDENCE / "releases.json").read_text()))
+    readme = RULE.sub(lambda _: rule, README.read_text(), count=1)
     if "--check" in argv:
-        if not TARGET.exists() or TARGET.read_text() != text:
+        stale = [p for p, t in ((TARGET, text), (README, readme)) if p.read_text() != t]
+        for path in stale:
             print(
-                f"{TARGET.relative_to(ROOT)} is stale: run python scripts/matrix.py",
-                file=sys.stderr,
+                f"{path.relative_to(ROOT)} is stale: run python scripts/matrix.py", file=sys.stderr
             )
-            return 1
-        return 0
+        return 1 if stale else 0
     TARGET.write_text(text)
-    print(f"wrote {TARGET.relative_to(ROOT)}")
+    README.write_text(readme)
+    print(f"wrote {TARGET.relative_to(ROOT)} and the removal rule of {README.relative_to(ROOT)}")
     return 0
 
 

@@ -32,11 +32,28 @@ EXTRA = ("pytest>=8",)
 # torches, whose import fails ("operator torchvision::nms does not exist"); transformers imports
 # them where they are installed, vLLM's DeepSeek-V4 modules need neither: they are removed.
 MISMATCHED = {"0.28.0": ("torchvision", "torchaudio", "torchcodec")}
-# vllm==0.34.0 pins flashinfer-python==0.7.3, which the registry this project reaches does not
-# carry: its wheel is installed without dependencies over 0.33.0's venv (on sys.path through a .pth
-# file), whose dependencies its KV-cache modules import as they are
-# (tests/patches/test_promote_local_specs.py reads it).
-DEPENDENCIES_OF = {"0.34.0": "0.33.0"}
+# Every other release (tests/real_vllm/test_releases.py judges them all) is its wheel alone,
+# installed without dependencies over 0.33.0's venv (on sys.path through a .pth file), whose
+# dependencies vLLM's DeepSeek-V4 and KV-cache modules import as they are: seconds and a few hundred
+# MB each, where a venv of its own is 9.5 GB. vllm==0.34.0 has to be: it pins flashinfer-python==
+# 0.7.3, which the registry this project reaches does not carry.
+SHARED = "0.33.0"
+FIRST = (0, 25, 0)  # the first release that carries DeepSeek-V4
+
+
+def releases() -> list[str]:
+    """Every final release of vLLM on the package registry from ``FIRST`` on, oldest first."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "vllm", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+    )
+    listed = proc.stdout.partition("Available versions:")[2].split(",")
+    found = [v.strip() for v in listed if v.strip().replace(".", "").isdigit()]
+    if not found:
+        raise RuntimeError(f"the registry lists no vLLM release (is it reachable?):\n{proc.stderr}")
+    line = [v for v in found if tuple(map(int, v.split("."))) >= FIRST]
+    return sorted(line, key=lambda v: tuple(map(int, v.split("."))))
 
 
 def cache_dir() -> Path:
@@ -63,7 +80,7 @@ def _ensure_venv(version: str) -> tuple[Path, float]:
     venv = cache_dir() / f"venv-vllm-{version}"
     python = venv / "bin" / "python"
     stamp = venv / ".dspark-hotfix-ready"
-    base = DEPENDENCIES_OF.get(version)
+    base = None if version in (*VERSIONS, *LINES_VERSIONS) else SHARED
     install = [
         f"vllm=={version}",
         *(["--no-deps"] if base else [*EXTRA, WRAPT.get(version, NEWEST_WRAPT)]),

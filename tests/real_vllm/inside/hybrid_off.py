@@ -212,7 +212,12 @@ def vllm_config(disable_hybrid: bool) -> Any:
             prefill_context_parallel_size=1,
             data_parallel_size=1,
         ),
-        speculative_config=NS(use_eagle=lambda: True, method="dspark", num_speculative_tokens=3),
+        speculative_config=NS(
+            use_eagle=lambda: True,
+            use_eagle_block_drop=lambda: True,  # vLLM 0.31.0 on: what use_eagle() gives, by default
+            method="dspark",
+            num_speculative_tokens=3,
+        ),
         kv_transfer_config=None,
         attention_config=NS(hisparse_config=None),
         compilation_config=NS(static_forward_context={}),
