@@ -1,8 +1,9 @@
 """A patch's lifecycle as a property: every patch of ``ALL`` can be removed as the guide says.
 
-For each patch, a copy of the repository without it (its module, its entry and import in
-``dspark_hotfix/patches/__init__.py`` with its section of that docstring, and its test module
-deleted; the dated records under docs/evidence stay, as history) must still pass what a maintainer
+For each patch, a copy of the repository without it, as the guide removes one (its module, its
+entry and import in ``dspark_hotfix/patches/__init__.py`` with its section of that docstring, and
+its test module deleted, and its defect taken out of the stand-in with its ``FIX``; the dated
+records under docs/evidence stay, as history) must still pass what a maintainer
 runs: ``make unit``'s fast tiers, ``make evidence`` and ``make bench`` with each measure run once
 (``bench/run.py --smoke``), each with this interpreter, as the Makefile runs them. About four
 minutes a patch on two cores: in ``make test``'s slow half.
@@ -20,6 +21,7 @@ import pytest
 
 from dspark_hotfix.patches import ALL
 from tests.conftest import REPO, clean_env
+from tests.patches import fixed_edits
 
 pytestmark = pytest.mark.lifecycle
 
@@ -46,6 +48,15 @@ def without(name: str, root: Path) -> Path:
         if (REPO / path).is_file():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / path, root / path)
+    # The stand-in's copy of the defect goes too, where vLLM fixed it: the patch's FIX.
+    (patch,) = [p for p in ALL if p.name == name]
+    for path, edits in fixed_edits([patch]).items():
+        source = root / "tests" / "standin" / path
+        text = source.read_text()
+        for old, new in edits:
+            assert old in text, (path, old)
+            text = text.replace(old, new)
+        source.write_text(text)
     (root / "dspark_hotfix" / "patches" / f"{name}.py").unlink()
     (root / "tests" / "patches" / f"test_{name}.py").unlink()
     registry = root / "dspark_hotfix" / "patches" / "__init__.py"
