@@ -5,8 +5,9 @@ entry and import in ``dspark_hotfix/patches/__init__.py`` with its section of th
 its test module deleted, and its defect taken out of the stand-in with its ``FIX``; the dated
 records under docs/evidence stay, as history) must still pass what a maintainer
 runs: ``make unit``'s fast tiers, ``make evidence`` and ``make bench`` with each measure run once
-(``bench/run.py --smoke``), each with this interpreter, as the Makefile runs them. About four
-minutes a patch on two cores: in ``make test``'s slow half.
+(``bench/run.py --smoke``), each with this interpreter, as the Makefile runs them. About six
+minutes a patch on two cores: ``make lifecycle``, not in ``make test`` until every removal passes
+(tests/README.md says which do not yet).
 """
 
 from __future__ import annotations
