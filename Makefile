@@ -55,7 +55,7 @@ oci-real:  ## the Dockerfile on a base with real vLLM 0.25.0: not automated (see
 sweep: $(VENV)/.ready  ## every point of every activation path interrupted in turn, on the toys and on the stand-in with the real patches (long)
 	$(PY) -m pytest -n 2 --dist loadfile -m "sweep or sweep_long"
 
-lifecycle: $(VENV)/.ready  ## each patch removed in a copy of the repository, then make unit, make evidence and bench/run.py --smoke there (about 6 min a patch; not in make test yet: it fails for three patches, see tests/README.md)
+lifecycle: $(VENV)/.ready  ## each patch removed in a copy of the repository, then make unit, make evidence and bench/run.py --smoke there (about 6 min a patch; not in make test yet: it fails for two patches, see tests/README.md)
 	$(PY) -m pytest -m lifecycle
 
 ray-test: $(VENV)/.ready  ## only the Ray tier: actors on local Ray clusters (installs ray into ~/.cache/dspark-hotfix)
