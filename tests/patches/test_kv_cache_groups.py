@@ -263,10 +263,15 @@ def test_on_real_vllm_it_stops_a_hybrid_off_engine_only_where_the_release_loses_
             "hybrid_off"
         ]
         assert not result[REAL_GROUPING]["wrapped"], result[REAL_GROUPING]
-        assert (
-            row["state"] == "not_needed"
-            and f"kv_cache_utils defines no {REAL_GROUPING}" in row["detail"]
-        ), row
+        # Its probe reads vLLM's hybrid-off grouping as shipped: it keeps the layout (0.28.0), or
+        # raises before it rebuilds anything (0.33.0: promote_local_specs' bug, not this one's).
+        raised = without["hybrid_off"].get("error")
+        words = (
+            f"raising {raised['type'].rpartition('.')[2]}("
+            if raised
+            else "keeps the fp8_ds_mla layout"
+        )
+        assert row["state"] == "not_needed" and words in row["detail"], (words, row)
 
 
 @pytest.mark.real_vllm
