@@ -13,17 +13,16 @@ when the shim activates, and never before. Nothing here raises, except
 """
 
 import os
-import sys
 
 __version__ = "0.7.0"
 
 
 def say(text):
-    """A line on stderr, where it can be written; the process goes on without it."""
-    try:
-        sys.stderr.write(text + "\n")
-    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
-        pass
+    """A line on stderr, where it can be written (the start-up module's ``say``, loaded only when
+    there is something to say); the process goes on without it."""
+    from dspark_hotfix.startup.sitecustomize import say
+
+    say(text)
 
 
 TRUE_WORDS = ("1", "true", "on", "yes")

@@ -19,9 +19,17 @@ chained = None  # what chain() imported: {"file": ...} or {"error": ...}; None: 
 
 
 def say(text):
-    """A line on stderr, where it can be written; start-up goes on without it."""
+    """A line on stderr, where it can be written; the process goes on without it (the package says
+    its lines with this function too). Where ``sys.stderr`` is the interpreter's own, as yet
+    undecorated, the line goes straight to its file descriptor: a line that could not be written
+    must not stay in the stream's buffer, whose flush at exit would then fail (exit status 120)."""
     try:
-        sys.stderr.write(text + "\n")
+        own, line = sys.__stderr__, text + "\n"
+        if own is not None and own is sys.stderr and "write" not in vars(own):
+            own.flush()
+            os.write(own.fileno(), line.encode(own.encoding, "backslashreplace"))
+        else:  # replaced or decorated (pytest's capture, vLLM's prefix): its own write
+            sys.stderr.write(line)
     except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
         pass
 

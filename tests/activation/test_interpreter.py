@@ -22,6 +22,7 @@ import dspark_hotfix
 from tests.activation.children import AS_SHIPPED, CORRECTED, JUDGED, UNWRAPPED, USE_LAST, WRAPPED
 from tests.child import (
     fail,
+    import_modules,
     import_toy_targets,
     module_names,
     path_first,
@@ -274,17 +275,19 @@ def test_with_stderr_closed_interpreter_start_goes_on(value):
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
 
 
-@pytest.mark.parametrize("stderr", ["read-only", "broken pipe"])
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED=1"])
+@pytest.mark.parametrize("stderr", ["writable", "read-only", "broken pipe"])
 @pytest.mark.parametrize(
-    ("switch", "package"),
-    [("disabled", True), (None, False)],
+    ("switch", "package", "said"),
+    [("disabled", True, "undecided: DSPARK_HOTFIX="), (None, False, "cannot import the package")],
     ids=["malformed switch", "no package"],
 )
 def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(
-    tmp_path, switch, package, stderr
+    tmp_path, switch, package, said, stderr, unbuffered
 ):
-    # Each case writes a line on stderr at start-up (a blank switch is on and silent: nothing to
-    # write); a write that raised there ended every process.
+    # Each case writes a line on stderr: the malformed switch at start, the package it cannot
+    # import when vLLM is. A write that raised there ended every process; a line left in a
+    # buffered stderr made its flush at exit fail (exit status 120), which PYTHONUNBUFFERED hid.
     startup = REPO / "dspark_hotfix" / "startup"
     if not package:  # the start-up directory alone: the package is not two directories up
         startup = tmp_path / "a" / "b" / "c"
@@ -293,18 +296,23 @@ def test_a_stderr_that_raises_on_write_never_breaks_interpreter_start(
             REPO / "dspark_hotfix" / "startup" / "sitecustomize.py", startup / "sitecustomize.py"
         )
     env = clean_env(
-        PYTHONPATH=str(startup), **({} if switch is None else {"DSPARK_HOTFIX": switch})
+        PYTHONPATH=os.pathsep.join((str(startup), str(STANDIN))),
+        PYTHONUNBUFFERED=unbuffered,
+        **({} if switch is None else {"DSPARK_HOTFIX": switch}),
     )
     read, write = os.pipe()
     os.close(read)  # a pipe whose reader has gone: a write raises BrokenPipeError
     with open(os.devnull) if stderr == "read-only" else open(write, "w", closefd=False) as err:
         proc = subprocess.run(
-            [sys.executable, "-c", program(ran)],
+            [sys.executable, "-c", program(partial(import_modules, ["vllm"]), ran)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=err,
+            stderr=subprocess.PIPE if stderr == "writable" else err,
+            cwd=tmp_path,  # not the checkout: -c puts the working directory on sys.path
             text=True,
             timeout=60,
         )
     os.close(write)
-    assert (proc.returncode, proc.stdout) == (0, "ran\n")
+    assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc
+    if stderr == "writable":
+        assert said in proc.stderr, proc.stderr
