@@ -75,7 +75,12 @@ def test_the_start_up_directory_of_a_checkout_exposes_only_the_shim():
     # checkout without putting it on sys.path, so tests/, bench/, scripts/ and harness/ stay out.
     # The toys come from the checkout, which the child then forgets: what it imports after is the
     # shim's doing.
-    code = program(USE_LAST, partial(forget_checkout, str(REPO)), import_toy_targets, exposed)
+    code = program(
+        USE_LAST,
+        partial(forget_checkout, str(REPO)),
+        import_toy_targets,
+        partial(exposed, str(REPO)),
+    )
     startup = REPO / "dspark_hotfix" / "startup"
     found, states, path = last_json(run_python(code, path=(startup, STANDIN), cwd=STANDIN).stdout)
     assert found == {"tests": False, "bench": False, "scripts": False, "harness": False}
@@ -92,21 +97,20 @@ def forget_checkout(repo: str) -> None:
         del sys.modules[name]
 
 
-def exposed() -> list[object]:
+def exposed(repo: str) -> list[object]:
     """Which of the checkout's other top-level packages this process can import; each patch's state;
-    sys.path."""
-    import importlib
+    sys.path. (An image's site-packages may hold a ``tests`` of its own: not the checkout's.)"""
+    import importlib.util
+    import os
     import sys
 
     import dspark_hotfix
 
     found = {}
     for name in ("tests", "bench", "scripts", "harness"):
-        try:
-            importlib.import_module(name)
-            found[name] = True
-        except ImportError:
-            found[name] = False
+        spec = importlib.util.find_spec(name)
+        places = [spec.origin or "", *(spec.submodule_search_locations or ())] if spec else []
+        found[name] = any(p.startswith(repo + os.sep) for p in places)
     return [found, {r["name"]: r["state"] for r in dspark_hotfix.status()["patches"]}, sys.path]
 
 

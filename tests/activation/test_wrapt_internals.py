@@ -49,7 +49,6 @@ def expected(version: str) -> dict:
 
 def test_the_wrapt_of_this_venv_has_what_the_registry_relies_on():
     assert relied_on() == expected(wrapt.__version__)
-    assert wrapt.__version__.startswith("1.17")
 
 
 def test_the_newest_wrapt_2_has_what_the_registry_relies_on(venv):
