@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -674,7 +674,7 @@ def main() -> int:
         "# Benchmarks: what the shim costs",
         "",
         (
-            f"Written by `bench/run.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in"
+            f"Written by `bench/run.py` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC in"
             f" {(time.monotonic() - started) / 60:.1f} min. Reproduce from the repository root:"
             f" `{command}`)."
         ),

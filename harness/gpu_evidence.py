@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         *"-m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider -o addopts=".split(),
         f"--junitxml={out / 'junit.xml'}",
     ]
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     with (out / "pytest.log").open("w") as log:
         process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -916,7 +916,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
     summary: dict = {
-        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "arms": args.arms,
         "bench": args.bench,
         "tp": args.tp,
