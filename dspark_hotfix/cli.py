@@ -183,11 +183,11 @@ if not started:
 """
 
 
-def show(command: str, as_json: bool) -> int:
+def show(command: str, as_json: bool, model: str | None = None) -> int:
     """``status`` or ``doctor``: the report, as text or one JSON object; its exit code."""
     from dspark_hotfix import doctor
 
-    report = doctor.diagnose() if command == "doctor" else doctor.report("status")
+    report = doctor.diagnose(model) if command == "doctor" else doctor.report("status")
     # An environment value that the locale cannot encode is escaped.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         checker.add_argument(
             "--json", action="store_true", help=f"one JSON object (schema {state.SCHEMA})"
         )
+    checker.add_argument("--model", metavar="DIR", help="a checkpoint: judge its DSpark draft")
     args = parser.parse_args(argv)
     if args.name == "path":
         print(startup_dir())
@@ -234,4 +235,4 @@ def main(argv: list[str] | None = None) -> int:
         if not words:
             launcher.error("give the command to run, e.g. dspark-hotfix run -- vllm serve ...")
         return run(words)
-    return show(args.name, args.json)
+    return show(args.name, args.json, getattr(args, "model", None))

@@ -124,15 +124,39 @@ def finish(report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     return report
 
 
-def diagnose() -> dict[str, Any]:
-    """``status``'s report, and how the shim gets into the server's processes from here."""
+def draft(model: str) -> dict[str, Any]:
+    """The quantization vLLM's own ``SpeculativeConfig`` gives a DSpark draft named explicitly
+    (``--speculative-config.model``) for the checkpoint in the directory ``model``, beside the
+    target's, from its config.json (nothing is loaded). Some vLLM releases give it the checkpoint's
+    own ``fp8`` (vllm#51916): no patch can tell without the model's files, so doctor tells where
+    it is given them."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a directory: nothing to ask the hub
+    try:
+        from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+        target = ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True)
+        named = SpeculativeConfig(
+            target_model_config=target,
+            target_parallel_config=ParallelConfig(),
+            method="dspark",
+            num_speculative_tokens=getattr(target.hf_config, "dspark_block_size", None) or 7,
+            model=model,
+        ).draft_model_config.quantization
+    except Exception as exc:
+        return {"model": model, "error": f"{type(exc).__name__}: {exc}"}
+    return {"model": model, "target": target.quantization, "named": named}
+
+
+def diagnose(model: str | None = None) -> dict[str, Any]:
+    """``status``'s report, and how the shim gets into the server's processes from here; with a
+    checkpoint's directory, the quantization vLLM gives its DSpark draft (:func:`draft`)."""
     out = report("doctor")
+    out["draft"] = draft(model) if model and out["vllm"] else None
     entries = os.environ["PYTHONPATH"].split(os.pathsep) if os.environ.get("PYTHONPATH") else []
     # Where the fix matters: activation and wrapt are checked there only.
     needed = out["vllm"] is not None and dspark_hotfix.enabled() and out["verdict"] != "removable"
     plugin, problems = plugin_state()
     warnings = out["warnings"]
-
     # The sitecustomize that won, and what ours chained; where a foreign one won and ours did not
     # run, the copy of ours on PYTHONPATH that it kept out (``ahead``): a tool's wrapper
     # (opentelemetry-instrument).
@@ -212,6 +236,16 @@ def shadowed(chained: dict[str, Any] | None) -> str:
     )
 
 
+def drafted(found: dict[str, Any] | None) -> str:
+    """What doctor's text says of the quantization vLLM gives a DSpark draft named explicitly."""
+    if not found or "error" in found:
+        return "named, not judged: " + (found or {}).get("error", "doctor --model DIR judges it")
+    wrong = found["named"] != found["target"]
+    return f"named explicitly, it gets {found['named']}; the target, {found['target']}" + (
+        " (vllm#51916, which no patch repairs): leave the draft unnamed" if wrong else ""
+    )
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as text: doctor's lines on the environment, where it has them, then the rows,
     the warnings, the problems and the verdict."""
@@ -236,6 +270,7 @@ def render(report: dict[str, Any]) -> str:
             ),
             f"versions      vllm {versions['vllm']}, wrapt {versions['wrapt']}, "
             f"dspark_hotfix {versions['dspark_hotfix']}",
+            f"draft         {drafted(report['draft'])}",
         ]
     lines += [
         f"patch         {row['name']}: {row['state']}: {row['detail']}" for row in report["patches"]

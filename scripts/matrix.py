@@ -377,6 +377,8 @@ def removal_rule(releases: dict) -> str:
             f" On {spans(named, line)} a DSpark draft named explicitly"
             " (`--speculative-config.model`) gets `fp8`, not the target's quantization"
             " (vllm#51916), which no patch repairs: leave it unnamed."
+            " `dspark-hotfix doctor --model DIR` says it for a checkpoint (no patch can tell"
+            " without its files)."
         )
     return textwrap.fill(text, 120, break_long_words=False, break_on_hyphens=False)
 

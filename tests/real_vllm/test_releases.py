@@ -153,3 +153,18 @@ def test_the_draft_quantization_vllm_gives_is_recorded_and_the_shim_leaves_it_as
         assert quantization == arms["without_shim"]["draft_quantization"], version
         assert quantization["target"] == quantization["omitted"] == "deepseek_v4_fp8", version
         assert quantization["named"] in ("deepseek_v4_fp8", "fp8"), (version, quantization)
+
+
+def test_doctor_with_the_model_says_what_a_named_draft_gets_and_where_to_leave_it_unnamed(judged):
+    # No patch can tell without the checkpoint's files (vllm#51916 lives in SpeculativeConfig,
+    # which reads them): `dspark-hotfix doctor --model DIR` tells, from vLLM's own code.
+    for version, arms in judged.items():
+        for arm in ARMS:
+            quantization = arms[arm]["draft_quantization"]
+            said = quantization["doctor"]
+            assert said.startswith(
+                f"named explicitly, it gets {quantization['named']}; the target,"
+                f" {quantization['target']}"
+            ), (version, arm, said)
+            wrong = quantization["named"] != quantization["target"]
+            assert ("leave the draft unnamed" in said) == wrong, (version, arm, said)

@@ -315,3 +315,22 @@ def test_guarding_names_the_setting_its_stop_is_for(toys, monkeypatch, capsys, t
         f"guards        {PLANNER.name}: Stops the toy planner with compact on; remove the shim"
         " where no deployment uses that"
     ]
+
+
+def test_doctor_judges_a_named_drafts_quantization_only_where_given_the_model(
+    toys, monkeypatch, capsys, tmp_path
+):
+    # vllm#51916 lives in vLLM's SpeculativeConfig, which reads the checkpoint's config.json: no
+    # patch can tell without it, and doctor says so. With --model it asks vLLM's own config, which
+    # the stand-in lacks: it says why it could not judge (the judged cases are the real tier's:
+    # tests/real_vllm/test_releases.py).
+    as_if_started(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # doctor --model sets it where unset
+    code, text = command(capsys, "doctor")
+    assert "draft         named, not judged: doctor --model DIR judges it" in text.splitlines()
+    assert report(capsys, "doctor")[1]["draft"] is None
+    with_model, out = command(capsys, "doctor", "--json", "--model", str(tmp_path))
+    draft = json.loads(out)["draft"]
+    assert draft == {"model": str(tmp_path), "error": draft["error"]}
+    assert draft["error"].startswith("ModuleNotFoundError: No module named 'vllm.config'"), draft
+    assert with_model == code  # the verdict is the shim's: a draft it cannot judge is no problem

@@ -30,11 +30,15 @@ CONFIG = Path(__file__).resolve().parents[3] / "harness" / "e2e" / "config.json"
 def draft_quantization() -> dict[str, str | None]:
     """The quantization vLLM's own ``SpeculativeConfig`` gives the DSpark draft of that checkpoint
     (its config.json is all there is: nothing is loaded), the draft named explicitly
-    (``--speculative-config.model``) and omitted, beside the target's."""
+    (``--speculative-config.model``) and omitted, beside the target's; and what ``dspark-hotfix
+    doctor --model`` says of it there (``doctor``)."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from dspark_hotfix import doctor
 
     with tempfile.TemporaryDirectory() as model:
         shutil.copy(CONFIG, Path(model) / "config.json")
+        said = doctor.drafted(doctor.draft(model)).replace(model, "MODEL")
         target = ModelConfig(model=model, tokenizer=model, skip_tokenizer_init=True)
         out = {"target": target.quantization}
         for how, named in (("named", {"model": model}), ("omitted", {})):
@@ -46,7 +50,7 @@ def draft_quantization() -> dict[str, str | None]:
                 **named,
             )
             out[how] = spec.draft_model_config.quantization
-    return out
+    return {**out, "doctor": said}
 
 
 def main() -> dict:
