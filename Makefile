@@ -2,15 +2,23 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The same suite on the other wrapt major: wrapt 2.x, newest, where .venv pins the Dockerfile's 1.17.3.
+WRAPT2 := .venv-wrapt2
 # Laid out by ruff format (pyproject.toml: line length 100), checked by make lint.
 PYTHON_SOURCES := dspark_hotfix tests scripts scripts/loc bench harness
 
-.PHONY: demo test lint unit slow sweep lifecycle real-vllm records coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
+.PHONY: demo test lint unit wrapt2 slow sweep lifecycle real-vllm records coexist-test oci-test oci-real ray-test evidence gpu-evidence bench dist clean
 
 $(VENV)/.ready: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+$(WRAPT2)/.ready: requirements-dev.txt
+	$(PYTHON) -m venv $(WRAPT2)
+	$(WRAPT2)/bin/python -m pip install -q --upgrade pip
+	grep -v '^wrapt==' requirements-dev.txt | $(WRAPT2)/bin/python -m pip install -q -r /dev/stdin 'wrapt>=2,<3'
 	touch $@
 
 demo: $(VENV)/.ready  ## the reported crash and its repair, side by side (stand-in build)
@@ -25,10 +33,13 @@ lint: $(VENV)/.ready
 FAST := not real_vllm and not oci and not ray and not coexist and not sweep and not sweep_long and not lifecycle
 SLOW := real_vllm or oci or ray or coexist or sweep
 
-test: lint unit slow  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray, coexistence and sweep tiers
+test: lint unit slow wrapt2  ## everything CI runs: lint, types, the fast tiers, then the real-vLLM, OCI, Ray, coexistence and sweep tiers
 
 unit: $(VENV)/.ready  ## the fast tiers only, in parallel
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
+
+wrapt2: $(WRAPT2)/.ready  ## the fast and sweep tiers again with the newest wrapt 2.x (.venv-wrapt2)
+	$(WRAPT2)/bin/python -m pytest -n 2 --dist loadfile -m "($(FAST)) or sweep"
 
 slow: $(VENV)/.ready  ## the tiers that install real vLLM, buildah, Ray and tracing tools (cached in ~/.cache/dspark-hotfix), and the sweep tier
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(SLOW)"
@@ -74,4 +85,4 @@ dist: $(VENV)/.ready  ## the sdist and wheel of HEAD (uncommitted files never sh
 	$(PY) scripts/dist.py dist
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(WRAPT2) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
