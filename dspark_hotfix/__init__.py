@@ -13,16 +13,17 @@ when the shim activates, and never before. Nothing here raises, except
 """
 
 import os
+import sys
 
 __version__ = "0.7.0"
 
 
 def say(text):
-    """A line on stderr, where it can be written (the start-up module's ``say``, loaded only when
-    there is something to say); the process goes on without it."""
-    from dspark_hotfix.startup.sitecustomize import say
-
-    say(text)
+    """A line on stderr, where it can be written; the process goes on without it."""
+    try:
+        sys.stderr.write(text + "\n")
+    except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
+        pass
 
 
 TRUE_WORDS = ("1", "true", "on", "yes")
@@ -58,16 +59,18 @@ class HotfixError(RuntimeError):
     """Strict mode (or a stop): the shim stops vLLM, saying why."""
 
 
-def enabled():
+def enabled(tell=say):
     """``DSPARK_HOTFIX``: on where unset, blank or a true word; off otherwise. A value that is
-    neither a true nor a false word is said once on stderr (:func:`switch`),
-    with the verdict ``status`` gives there, ``undecided``: nothing is judged."""
+    neither a true nor a false word is said once on stderr (:func:`switch`) with ``tell``,
+    with the verdict ``status`` gives there, ``undecided``: nothing is judged. At interpreter start
+    the start-up hook's own ``say`` tells it, which leaves nothing buffered where stderr cannot be
+    written (a line left in stderr's buffer fails the flush at exit: exit status 120)."""
     global _enabled
     if _enabled is None:
         _enabled, problem = switch(ENABLE, os.environ.get(ENABLE), True, "the shim")
         # Tagged as the state lines are (no logging here), with the verdict their alert reads.
         if problem:
-            say(
+            tell(
                 f"WARNING [dspark_hotfix] dspark_hotfix {__version__} (pid {os.getpid()}):"
                 f" undecided: {problem}"
             )

@@ -20,16 +20,16 @@ chained = None  # what chain() imported: {"file": ...} or {"error": ...}; None: 
 
 def say(text):
     """A line on stderr, where it can be written; the process goes on without it (the package says
-    its lines with this function too). Where ``sys.stderr`` is the interpreter's own, as yet
+    a malformed switch at start with it). Where ``sys.stderr`` is the interpreter's own, as yet
     undecorated, the line goes straight to its file descriptor: a line that could not be written
     must not stay in the stream's buffer, whose flush at exit would then fail (exit status 120)."""
     try:
-        own, line = sys.__stderr__, text + "\n"
-        if own is not None and own is sys.stderr and "write" not in vars(own):
-            own.flush()
-            os.write(own.fileno(), line.encode(own.encoding, "backslashreplace"))
-        else:  # replaced or decorated (pytest's capture, vLLM's prefix): its own write
-            sys.stderr.write(line)
+        own = sys.__stderr__
+        if own is None or own is not sys.stderr or "write" in vars(own):
+            # Replaced or decorated (pytest's capture, vLLM's prefix): its own write.
+            return sys.stderr.write(text + "\n")
+        own.flush()
+        os.write(own.fileno(), (text + "\n").encode(own.encoding, "backslashreplace"))
     except Exception:  # None under 2>&-, a read-only fd 2, a reader gone, a closed file
         pass
 
@@ -78,7 +78,7 @@ def start():
     if word not in ("", "1", "0"):
         # The package reads any other value, as on or off.
         shim = package()
-        word = "1" if shim is not None and shim.enabled() else "0"
+        word = "1" if shim is not None and shim.enabled(say) else "0"
     if word == "0":
         return
     if "vllm" in sys.modules:
