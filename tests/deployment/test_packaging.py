@@ -54,7 +54,8 @@ def test_a_fresh_install_gets_the_newest_wrapt_2_while_the_suite_runs_the_docker
     assert pinned and f"wrapt=={pinned[1]}" in (REPO / "requirements-dev.txt").read_text().split()
     import wrapt
 
-    assert wrapt.__version__ == pinned[1]
+    # .venv runs the Dockerfile's; make wrapt2 runs the same tiers again on the newest 2.x.
+    assert wrapt.__version__ == pinned[1] or wrapt.__version__ == fresh, wrapt.__version__
 
 
 def test_installing_the_wheel_leaves_the_images_sitecustomize_alone(venv):
