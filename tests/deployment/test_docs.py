@@ -466,9 +466,9 @@ def test_the_demo_says_which_patch_changes_each_line_and_what_to_do_next():
     shown, _, changes = proc.stdout.partition("What changed, and which patch changed it:")
     changes, _, following = changes.partition("Next:")
     off, _, on = shown.partition("== DSPARK_HOTFIX=1")
-    assert (
-        "engine start: FAILED: RuntimeError: kv must have shape" in off and "engine start: ok" in on
-    )
+    # Which cache fails first (kv, or extra_kv) depends on which defects the stand-in carries.
+    assert re.search(r"engine start: FAILED: RuntimeError: (extra_)?kv must have shape", off)
+    assert "engine start: ok" in on
     assert "KV view width 512 -> 584 bytes/token" in changes
     # Every patch the shim's line counts as patched is explained: a correction says what it
     # corrected (vLLM's function, how many answers), a repair of a path the demo's start does not
