@@ -294,7 +294,7 @@ def _decide(activation: Activation, record: Record, module: Any) -> None:
     settled = _set_state(activation, record, word, needed, why, target, module)
     # Where the shim cannot tell, or may not, vLLM runs its function as shipped.
     if settled in (FAILED, UNDECIDED):
-        _fail(activation, patch, f"cannot patch {patch.target}: {why}", unpatched=True)
+        _fail(activation, patch, f"cannot patch {record.target}: {why}", unpatched=True)
 
 
 def _open(activation: Activation, patch: Patch, module: str) -> bool:
@@ -517,7 +517,7 @@ def _run(
             _fail(
                 activation,
                 record.patch,
-                f"{what} raised {type(exc).__name__}: {exc} in {record.patch.target}; "
+                f"{what} raised {type(exc).__name__}: {exc} in {record.target}; "
                 f"vLLM's own {kept} used",
                 cause=exc,
             )

@@ -75,6 +75,11 @@ class Record:
         self.wrapper: Any = None  # what vLLM's function was replaced with
         self.module: Any = None  # the module the decision was made on
 
+    @property
+    def target(self) -> str:
+        """The target in the module it was decided on, or its first place until then."""
+        return f"{getattr(self.module, '__name__', self.patch.module)}.{self.patch.qualname}"
+
 
 def attribute(module: Any, qualname: str) -> tuple[Any, str, Any]:
     """The owner, name and value of the attribute ``qualname`` names in ``module``. The owner is
@@ -124,16 +129,14 @@ def row(record: Record) -> dict[str, Any]:
     elif state == PATCHED and not still_called(record):
         state = FAILED
         detail = (
-            f"patched, then replaced: {record.patch.target} is no longer the shim's wrapper"
+            f"patched, then replaced: {record.target} is no longer the shim's wrapper"
             " (its module reloaded?); restart the process"
         )
     elif state == PATCHED and record.raised:
         state, detail = RAISED, f"{detail}; {record.raised}"
-    # The place the decision was made on, where vLLM's module for it is known.
-    module = record.module.__name__ if record.module is not None else record.patch.module
     return {
         "name": record.patch.name,
-        "target": f"{module}.{record.patch.qualname}",
+        "target": record.target,
         "state": state,
         "needed": record.needed,
         "calls": record.calls,

@@ -62,7 +62,3 @@ class Patch:
     @property
     def modules(self) -> tuple[str, ...]:
         return (self.module, *self.also_in)
-
-    @property
-    def target(self) -> str:
-        return f"{self.module}.{self.qualname}"

@@ -234,5 +234,7 @@ def test_in_strict_mode_each_fault_stops_vllm_naming_the_patch_its_target_and_th
     with pytest.raises(HotfixError) as stopped:
         meet()
     message = str(stopped.value)
-    assert message.startswith(f"{patch.name}: ") and patch.target in message, message
+    assert (
+        message.startswith(f"{patch.name}: ") and f"{patch.module}.{patch.qualname}" in message
+    ), message
     assert f"DSPARK_HOTFIX_PATCHES=-{patch.name}" in message, message

@@ -291,3 +291,22 @@ def test_on_real_vllm_without_the_planning_module_it_is_not_needed_and_says_why(
     row = runs.hybrid_off(version, "with_shim")["status"]["patches"][PATCH.name]
     assert row["state"] == "not_needed", row
     assert row["detail"].startswith("not needed (this vLLM's KV-cache planning makes no"), row
+
+
+def test_what_the_shim_says_names_the_place_it_decided_on(standin_shim):
+    # The promotion in kv_cache_utils (vLLM 0.31.0, 0.32.0), with a call the probe cannot judge:
+    # the warning, and the row, name that module's replace_as, not the first place's.
+    planning = (STANDIN / FILE).read_text().split("from vllm.v1.kv_cache_interface", 1)[1]
+    head = "from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec\n"
+    moved = f"from vllm.v1.kv_cache_interface{planning}\n".replace(
+        "page_size_padded=None)", "page_size_padded=None, window=spec.sliding_window)"
+    )
+    assert "window=" in moved
+    shim = standin_shim({UTILS: [(head, moved)]}, remove=(FILE,))
+    dspark_hotfix.install()
+    import_targets([p for p in dspark_hotfix.patches.ALL if p is not PATCH])
+    row = shim.status()[PATCH.name]
+    where = f"{PATCH.also_in[0]}.replace_as"
+    assert (row["state"], row["target"]) == ("undecided", where), row
+    (warning,) = [line for line in shim.lines("WARNING") if f"{PATCH.name}: cannot patch" in line]
+    assert f"cannot patch {where}: " in warning, warning

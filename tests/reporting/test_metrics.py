@@ -509,43 +509,40 @@ def test_a_forked_child_with_a_multiprocess_directory_shows_the_shim_active(tmp_
     assert any(f'pid="{child_pid}"' in line and line.endswith(" 1.0") for line in info), info
 
 
-def replaced_then_reported() -> list:
+def replaced_then_refreshed() -> list:
     """This process's pid, the greeting's row in status() at the end, and what a
-    MultiProcessCollector shows: once every toy is judged, after another tool's method replaces the
-    wrapper, and after the shim's next report (a second activation's, as a second plugin load
-    makes)."""
+    MultiProcessCollector shows: once every toy is judged, then after another tool's method
+    replaces the wrapper, as soon as the series say so (up to 10 s) with no decision or activation
+    in between; the refresher's period cut to 0.1 s."""
     import os
+    import time
 
     import vllm.toy_model
 
     import dspark_hotfix
+    from dspark_hotfix import metrics
 
+    metrics.EVERY = 0.1  # the refresher reads it again after each sleep (the first is 5 s)
     where = [os.environ["PROMETHEUS_MULTIPROC_DIR"]]
     judged = collected(where)[0]
     vllm.toy_model.Greeter.greet = (
         vllm.toy_model.Greeter.greet.__wrapped__
     )  # another tool's own method
-    replaced = collected(where)[0]
-    dspark_hotfix.install("vllm-plugin")
-    return [
-        os.getpid(),
-        dspark_hotfix.status()["patches"][0]["state"],
-        judged,
-        replaced,
-        collected(where)[0],
-    ]
+    deadline = time.monotonic() + 10
+    while 'state="failed"} 1.0' not in collected(where)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [os.getpid(), dspark_hotfix.status()["patches"][0]["state"], judged, collected(where)[0]]
 
 
-def test_with_a_multiprocess_dir_a_replaced_function_shows_failed_from_the_processs_next_report(
+def test_with_a_multiprocess_dir_a_replaced_function_shows_failed_without_another_decision(
     tmp_path,
 ):
-    # README: with PROMETHEUS_MULTIPROC_DIR, "a process's series are as fresh as its last decision
-    # or activation": status() reads the replacement at once; the files, which the process writes
-    # itself, at its next report.
+    # With PROMETHEUS_MULTIPROC_DIR no scrape runs in the process that writes the series: its
+    # refresher publishes them again, every metrics.EVERY seconds (5 s).
     code = program(
         use_toys,
         partial(import_modules, ["vllm", "prometheus_client", *TARGETS]),
-        replaced_then_reported,
+        replaced_then_refreshed,
         helpers=(collected,),
     )
     proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
@@ -553,14 +550,54 @@ def test_with_a_multiprocess_dir_a_replaced_function_shows_failed_from_the_proce
     assert status == "failed", proc.stderr
     assert [Scrape(exposed(text)).current(str(pid))[GREETING.name] for text in scrapes] == [
         "patched",
-        "patched",
         "failed",
     ], proc.stderr
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (
-        "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), a process's series are as"
-        " fresh as its last decision or activation" in readme
+        "with `PROMETHEUS_MULTIPROC_DIR` (`--api-server-count` above 1), each process writes its"
+        " series again every 5 s" in readme
     )
+    assert metrics.EVERY == 5.0
+
+
+def forks_beside_the_refresher() -> list[int]:
+    """Forks 100 children while the refresher publishes without pause (period 0.001 s). Each child
+    sets a multiprocess gauge of its own, which takes prometheus_client's one value lock; the pids
+    of those not done in 5 s (killed)."""
+    import os
+    import signal
+    import time
+
+    import prometheus_client
+
+    from dspark_hotfix import metrics
+
+    metrics.EVERY = 0.001
+    time.sleep(5.5)  # the refresher's first sleep is 5 s
+    hung = []
+    for _ in range(100):
+        pid = os.fork()
+        if pid == 0:
+            prometheus_client.Gauge("child", "a child's own gauge", registry=None).set(1)
+            os._exit(0)
+        deadline = time.monotonic() + 5
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if time.monotonic() >= deadline:
+            hung.append(pid)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return hung
+
+
+def test_a_fork_beside_the_refresher_never_hangs_the_childs_metrics(tmp_path):
+    code = program(
+        use_toys,
+        partial(import_modules, ["vllm", "prometheus_client", *TARGETS]),
+        forks_beside_the_refresher,
+    )
+    proc = run_python(code, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    assert last_json(proc.stdout) == [], proc.stderr
 
 
 def prometheus_client_half_imported() -> list[str]:

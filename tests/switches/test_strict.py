@@ -93,7 +93,9 @@ def test_strict_mode_stops_the_import_naming_patch_target_and_remedy(
     with pytest.raises(HotfixError) as stopped:
         importlib.import_module(patch.module)
     message = str(stopped.value)
-    assert message.startswith(f"{patch.name}: cannot patch {patch.target}: "), message
+    assert message.startswith(f"{patch.name}: cannot patch {patch.module}.{patch.qualname}: "), (
+        message
+    )
     assert detail in message
     assert f"DSPARK_HOTFIX_PATCHES=-{patch.name}" in message
 
@@ -154,7 +156,7 @@ def test_a_correction_that_raises_stops_vllm_in_strict_mode(toys, monkeypatch):
         Greeter().greet("you")
     assert str(stopped.value).startswith(
         f"{GREETING.name}: correction raised ValueError: a field this shim does "
-        f"not know in {GREETING.target}; "
+        f"not know in {GREETING.module}.{GREETING.qualname}; "
     )
     assert isinstance(stopped.value.__cause__, ValueError)
     assert toys.states()[GREETING.name] == "raised"
@@ -228,5 +230,7 @@ def test_strict_mode_stops_where_a_patch_the_shim_imports_everywhere_cannot_be_a
     with pytest.raises(HotfixError) as stopped:
         importlib.import_module(GREETING.module)
     message = str(stopped.value)
-    assert message.startswith(f"{PLANNER.name}: cannot patch {PLANNER.target}: "), message
+    assert message.startswith(
+        f"{PLANNER.name}: cannot patch {PLANNER.module}.{PLANNER.qualname}: "
+    ), message
     assert "vllm.toy_planner defines no plan" in message, message
