@@ -15,14 +15,20 @@ The shim never imports ``prometheus_client``: the registry hooks its import,
 so a process that never imports it pays nothing. With ``PROMETHEUS_MULTIPROC_DIR``
 (vLLM's ``--api-server-count`` above 1), the gauges write per-process files
 that vLLM's ``MultiProcessCollector`` reads; each series keeps its ``pid``
-(``liveall``), because the processes of one server judge differently. There a
-value is as fresh as the process's last decision or activation.
+(``liveall``), because the processes of one server judge differently. There no
+scrape runs in the process that writes them, so a thread of each process
+publishes again every ``EVERY`` seconds. It takes ``state.lock`` to publish, and
+a fork waits for that lock: prometheus_client's own lock, held at a fork by
+that thread, would hang the child's next metric.
 
 A failure here is said once and never reaches vLLM, in strict mode too.
 """
 
 import logging
+import os
 import sys
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +36,9 @@ import dspark_hotfix
 from dspark_hotfix import state
 
 _gauges: tuple[Any, ...] | None = None  # info, state, needed: set once made; (): they could not be
+EVERY = 5.0  # seconds between a process's publishes under PROMETHEUS_MULTIPROC_DIR
+_refresher = 0  # the pid whose refresher runs
+_held = False  # whether this fork's _hold took state.lock
 
 
 def publish(source: str, records: Iterable[state.Record], module: Any = None) -> None:
@@ -65,6 +74,8 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
                 if row["state"] != state.PENDING:
                     judged = -1 if row["needed"] is None else int(row["needed"])
                     needed.labels(row["name"], stop).set(judged)
+            if "PROMETHEUS_MULTIPROC_DIR" in os.environ and _refresher != os.getpid():
+                _refresh(source, records)
     except Exception as exc:
         _gauges = ()  # said once, never retried
         state.log(
@@ -72,6 +83,34 @@ def publish(source: str, records: Iterable[state.Record], module: Any = None) ->
             f"cannot show the shim's state on /metrics ({type(exc).__name__}: {exc}); "
             "the patches are not affected",
         )
+
+
+def _refresh(source: str, records: Iterable[state.Record]) -> None:
+    """This process's refresher (a forked child starts its own at its first publish)."""
+    global _refresher
+
+    def loop() -> None:
+        while True:
+            time.sleep(EVERY)
+            publish(source, records)
+
+    if not _refresher:
+        os.register_at_fork(before=_hold, after_in_parent=_release)
+    threading.Thread(target=loop, name="dspark_hotfix metrics", daemon=True).start()
+    _refresher = os.getpid()
+
+
+def _hold() -> None:
+    # Not forever: the forking thread may hold it itself. The child gets a fresh lock (registry).
+    global _held
+    _held = state.lock.acquire(timeout=1)
+
+
+def _release() -> None:
+    global _held
+    if _held:
+        _held = False
+        state.lock.release()
 
 
 def _make(module: Any) -> tuple[Any, ...]:

@@ -25,7 +25,7 @@ def loc_script():
 def test_the_package_stays_within_its_limits():
     loc = loc_script()
     found = loc.limits(loc.counts(str(REPO)))
-    assert [limit for _, _, limit in found] == [1210, 590, 370]
+    assert [limit for _, _, limit in found] == [1236, 590, 370]
     assert all(count <= limit for _, count, limit in found), found
 
 

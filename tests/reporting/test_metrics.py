@@ -566,6 +566,7 @@ def forks_beside_the_refresher() -> list[int]:
     of those not done in 5 s (killed)."""
     import os
     import signal
+    import sys
     import time
 
     import prometheus_client
@@ -573,6 +574,7 @@ def forks_beside_the_refresher() -> list[int]:
     from dspark_hotfix import metrics
 
     metrics.EVERY = 0.001
+    sys.setswitchinterval(1e-6)  # the GIL changes hands inside a publish too, not only at its sleep
     time.sleep(5.5)  # the refresher's first sleep is 5 s
     hung = []
     for _ in range(100):
