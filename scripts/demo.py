@@ -42,7 +42,8 @@ def start(enabled: bool) -> tuple[dict, str]:
 
 
 def width(report: dict) -> int:
-    return report["views"]["draft.0.swa"]["shape"][-1]
+    """The narrowest KV view the engine start gave (FlashMLA refuses any but 584 bytes/token)."""
+    return min(view["shape"][-1] for view in report["views"].values())
 
 
 def draft_layers(report: dict) -> int:
