@@ -151,21 +151,18 @@ def test_with_the_stop_excluded_vllm_meets_its_own_error_and_the_line_says_the_s
     assert state_of(line).startswith("problem: ") and f"1 excluded ({PATCH.name})" in line
 
 
-@pytest.mark.parametrize(("switch", "width"), [("1", 584), ("0", 512)], ids=["shim on", "shim off"])
-def test_with_the_manager_on_the_stop_passes_everything_through(
-    standin_shim, monkeypatch, switch, width
-):
+@pytest.mark.parametrize("switch", ["1", "0"], ids=["shim on", "shim off"])
+def test_with_the_manager_on_the_stop_passes_everything_through(standin_shim, monkeypatch, switch):
     standin_shim()
     monkeypatch.setenv("DSPARK_HOTFIX", switch)
     dspark_hotfix.install()
     report = engine_start(hybrid=True)
-    assert report["views"]["draft.0.swa"]["shape"] == [
-        4,
-        64,
-        width,
-    ]  # the spec patches, not the stop, make 584
+    widths = {view["shape"][-1] for view in report["views"].values()}
+    # The spec patches, not the stop, make 584: off, a view the stand-in's defects give stays 512.
     if switch == "1":
-        assert report["error"] is None
+        assert widths == {584} and report["error"] is None, report
+    else:
+        assert 512 in widths, report
 
 
 def test_where_the_hybrid_off_path_keeps_the_layout_the_stop_is_not_needed(standin_shim):
