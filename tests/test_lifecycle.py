@@ -74,8 +74,8 @@ def without(name: str, root: Path) -> Path:
 
 
 def removals() -> list[str]:
-    """Every patch; with ``LIFECYCLE_ONE`` set (``make test``), the one HEAD's commit count picks, so
-    that CI removes each in turn, in bounded time (about five minutes)."""
+    """Every patch; with ``LIFECYCLE_ONE`` set (``make test``), the one HEAD's commit count
+    picks, so that CI removes each in turn, in bounded time (about five minutes)."""
     names = [p.name for p in ALL]
     if os.environ.get("LIFECYCLE_ONE"):
         count = subprocess.run(
