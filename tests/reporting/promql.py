@@ -34,9 +34,9 @@ def documented_queries(section: str) -> list[str]:
 
 
 def promtool() -> str:
-    """Prometheus's promtool: on PATH, or from Debian's ``prometheus`` package, downloaded with
-    apt-get and unpacked once into the cache (never installed: no service of it starts). Where
-    neither can be had, the test skips."""
+    """Prometheus's promtool: on PATH, or from Debian's ``promtool`` package (``prometheus`` before
+    Debian 13), downloaded with apt-get and unpacked once into the cache (never installed: no
+    service of it starts). Where neither can be had, the test skips."""
     found = shutil.which("promtool")
     root = cache_dir() / "promtool"
     binary = root / "usr" / "bin" / "promtool"
@@ -49,19 +49,23 @@ def promtool() -> str:
         )
     download = root.with_name("promtool-deb")
     download.mkdir(parents=True, exist_ok=True)
-    for argv in (
-        ["apt-get", "download", "-q", "prometheus"],
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "download", "-q", "prometheus"],
-    ):
-        proc = subprocess.run(argv, cwd=download, capture_output=True, text=True, timeout=600)
-        if proc.returncode == 0 and argv[1] == "download":
-            break
-    debs = sorted(download.glob("prometheus_*.deb"))
-    if not debs:
-        unavailable(
-            "promtool is not on PATH and Debian's prometheus package could not be"
-            f" downloaded:\n{proc.stderr}"
-        )
-    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(root)], check=True, timeout=120)
-    return str(binary)
+    said = ""
+    # Its own package from Debian 13 (trixie) on; within prometheus's before.
+    for package in ("promtool", "prometheus"):
+        for argv in (
+            ["apt-get", "download", "-q", package],
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "download", "-q", package],
+        ):
+            proc = subprocess.run(argv, cwd=download, capture_output=True, text=True, timeout=600)
+            if proc.returncode == 0 and argv[1] == "download":
+                break
+        said += proc.stderr
+        for deb in sorted(download.glob(f"{package}_*.deb"))[-1:]:
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=120)
+        if binary.exists():
+            return str(binary)
+    unavailable(
+        "promtool is not on PATH and Debian's promtool or prometheus package could not be"
+        f" downloaded, or had no promtool:\n{said}"
+    )
