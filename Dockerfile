@@ -28,7 +28,7 @@ ARG WRAPT=wrapt==1.17.3
 ARG PIP_INDEX_URL=""
 # The wheel's version; the install step below refuses a wheel of another one, so
 # the labels cannot lie.
-ARG DSPARK_HOTFIX_VERSION=0.7.0
+ARG DSPARK_HOTFIX_VERSION=0.8.0
 # doctor exits 3 where vLLM needs no fix (the shim would be a no-op there): such a
 # build fails unless ALLOW_NOT_NEEDED=1 says that is intended.
 ARG ALLOW_NOT_NEEDED=0

@@ -15,7 +15,7 @@ when the shim activates, and never before. Nothing here raises, except
 import os
 import sys
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 
 def say(text):
